@@ -1,0 +1,122 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/idem/internal/testdb"
+)
+
+var idemBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "idem-cli-")
+	if err != nil {
+		panic(err)
+	}
+	idemBin = filepath.Join(dir, "idem")
+	if out, err := exec.Command("go", "build", "-o", idemBin, ".").CombinedOutput(); err != nil {
+		panic("build idem: " + err.Error() + "\n" + string(out))
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			println("goleak:", err.Error())
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// runIdem runs the built binary with env added and returns stdout, stderr
+// and the exit status.
+func runIdem(t *testing.T, env []string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(idemBin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return stdout.String(), stderr.String(), code
+}
+
+func TestBadInputIsOneLineError(t *testing.T) {
+	t.Parallel()
+	testCases := []struct {
+		name     string
+		env      []string
+		args     []string
+		wantCode int
+		wantErr  string
+	}{
+		{"unknown command", nil, []string{"frobnicate"}, 2, `unknown command "frobnicate"`},
+		{"no command", nil, nil, 2, "missing command"},
+		{"unknown migrate action", nil, []string{"migrate", "sideways"}, 2, `unknown action "sideways"`},
+		{"bad flag", nil, []string{"migrate", "--nope", "up"}, 2, "flag provided but not defined: -nope"},
+		{"malformed URL", []string{"DATABASE_URL=::not a url"}, []string{"migrate", "up"}, 2, "malformed"},
+		{"unreachable database", []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/x?connect_timeout=2"}, []string{"migrate", "status"}, 1, "unreachable"},
+	}
+	for _, tt := range testCases {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, stderr, code := runIdem(t, tt.env, tt.args...)
+			if code != tt.wantCode {
+				t.Errorf("exit %d, want %d (stderr %q)", code, tt.wantCode, stderr)
+			}
+			if strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, tt.wantErr) {
+				t.Errorf("stderr = %q, want one line containing %q", stderr, tt.wantErr)
+			}
+			if strings.Contains(stderr, "goroutine") || strings.Contains(stderr, "panic") {
+				t.Errorf("stack trace in stderr: %q", stderr)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"--help"}, {"migrate", "--help"}} {
+		stdout, stderr, code := runIdem(t, nil, args...)
+		if code != 0 || stderr != "" || !strings.Contains(stdout, "Usage") {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, stdout, stderr)
+		}
+	}
+}
+
+func TestMigrateUpStatusDown(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, testdb.Empty())
+	env := []string{"DATABASE_URL=" + db.URL}
+	out, stderr, code := runIdem(t, env, "migrate", "up")
+	if code != 0 || !strings.Contains(out, "applied 001_") {
+		t.Fatalf("up: exit %d, %q %q", code, out, stderr)
+	}
+	out, _, code = runIdem(t, env, "migrate", "status")
+	if code != 0 || !strings.Contains(out, "0 pending") {
+		t.Fatalf("status after up: exit %d, %q", code, out)
+	}
+	out, _, code = runIdem(t, env, "migrate", "down")
+	if code != 0 || !strings.Contains(out, "reverted") {
+		t.Fatalf("down: exit %d, %q", code, out)
+	}
+	out, _, code = runIdem(t, env, "migrate", "status")
+	if code != 0 || !strings.Contains(out, "1 pending") {
+		t.Fatalf("status after down: exit %d, %q", code, out)
+	}
+	out, _, code = runIdem(t, nil, "migrate", "sql")
+	if code != 0 || !strings.Contains(out, "CREATE TABLE idempotency_key") {
+		t.Fatalf("sql: exit %d", code)
+	}
+}
