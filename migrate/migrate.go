@@ -53,6 +53,17 @@ type DB interface {
 // Migrator applies a fixed, validated set of migrations.
 type Migrator struct {
 	migrations []Migration
+	table      string
+}
+
+// WithTable returns a copy of m that records versions in table instead of
+// VersionTable, so that an application can keep its own migration set (with
+// its own numbering) beside idem's in one schema. The advisory lock is keyed
+// by the table name too.
+func (m *Migrator) WithTable(table string) *Migrator {
+	c := *m
+	c.table = table
+	return &c
 }
 
 var fileRE = regexp.MustCompile(`^(\d{3,})_([a-z0-9_]+)\.(up|down)\.sql$`)
@@ -115,7 +126,7 @@ func Load(fsys fs.FS, dir string) (*Migrator, error) {
 			return nil, fmt.Errorf("%w: version %d (%s) needs both up and down files", ErrInvalidSet, m.Version, m.Name)
 		}
 	}
-	return &Migrator{migrations: out}, nil
+	return &Migrator{migrations: out, table: VersionTable}, nil
 }
 
 // Default returns the migrator for idem's embedded migrations.
@@ -159,24 +170,24 @@ func (m *Migrator) Latest() int { return len(m.migrations) }
 // Creating the table under the lock matters: two sessions running
 // CREATE TABLE IF NOT EXISTS at once can both pass the existence check and
 // one then fails on the catalog's unique index.
-func lockAndPrepare(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('idem.migrate:' || current_schema(), 0))`); err != nil {
+func lockAndPrepare(ctx context.Context, tx pgx.Tx, table string) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('idem.migrate:' || current_schema() || '.' || $1, 0))`, table); err != nil {
 		return fmt.Errorf("migrate: lock: %w", err)
 	}
-	_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+VersionTable+` (
+	_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+pgx.Identifier{table}.Sanitize()+` (
 		version    integer     PRIMARY KEY,
 		name       text        NOT NULL,
 		applied_at timestamptz NOT NULL DEFAULT now()
 	)`)
 	if err != nil {
-		return fmt.Errorf("migrate: create %s: %w", VersionTable, err)
+		return fmt.Errorf("migrate: create %s: %w", table, err)
 	}
 	return nil
 }
 
-func currentVersion(ctx context.Context, tx pgx.Tx) (int, error) {
+func currentVersion(ctx context.Context, tx pgx.Tx, table string) (int, error) {
 	var v int
-	err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+VersionTable).Scan(&v)
+	err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+pgx.Identifier{table}.Sanitize()).Scan(&v)
 	if err != nil {
 		return 0, fmt.Errorf("migrate: read version: %w", err)
 	}
@@ -209,10 +220,10 @@ func (m *Migrator) Up(ctx context.Context, db DB) ([]int, error) {
 
 func (m *Migrator) step(ctx context.Context, db DB) (version int, done bool, err error) {
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if err := lockAndPrepare(ctx, tx); err != nil {
+		if err := lockAndPrepare(ctx, tx, m.table); err != nil {
 			return err
 		}
-		cur, err := currentVersion(ctx, tx)
+		cur, err := currentVersion(ctx, tx, m.table)
 		if err != nil {
 			return err
 		}
@@ -227,7 +238,7 @@ func (m *Migrator) step(ctx context.Context, db DB) (version int, done bool, err
 		if _, err := tx.Exec(ctx, next.Up); err != nil {
 			return fmt.Errorf("migrate: version %d (%s) up: %w", next.Version, next.Name, err)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+VersionTable+` (version, name) VALUES ($1, $2)`, next.Version, next.Name); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+pgx.Identifier{m.table}.Sanitize()+` (version, name) VALUES ($1, $2)`, next.Version, next.Name); err != nil {
 			return fmt.Errorf("migrate: record version %d: %w", next.Version, err)
 		}
 		version = next.Version
@@ -242,10 +253,10 @@ func (m *Migrator) step(ctx context.Context, db DB) (version int, done bool, err
 func (m *Migrator) Down(ctx context.Context, db DB) (int, error) {
 	var reverted int
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if err := lockAndPrepare(ctx, tx); err != nil {
+		if err := lockAndPrepare(ctx, tx, m.table); err != nil {
 			return err
 		}
-		cur, err := currentVersion(ctx, tx)
+		cur, err := currentVersion(ctx, tx, m.table)
 		if err != nil {
 			return err
 		}
@@ -259,7 +270,7 @@ func (m *Migrator) Down(ctx context.Context, db DB) (int, error) {
 		if _, err := tx.Exec(ctx, mig.Down); err != nil {
 			return fmt.Errorf("migrate: version %d (%s) down: %w", mig.Version, mig.Name, err)
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM `+VersionTable+` WHERE version = $1`, mig.Version); err != nil {
+		if _, err := tx.Exec(ctx, `DELETE FROM `+pgx.Identifier{m.table}.Sanitize()+` WHERE version = $1`, mig.Version); err != nil {
 			return fmt.Errorf("migrate: remove version %d: %w", mig.Version, err)
 		}
 		reverted = mig.Version
@@ -293,13 +304,13 @@ func (m *Migrator) Status(ctx context.Context, db DB) (*Status, error) {
 	applied := map[int]time.Time{}
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, VersionTable).Scan(&exists); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{m.table}.Sanitize()).Scan(&exists); err != nil {
 			return fmt.Errorf("migrate: status: %w", err)
 		}
 		if !exists {
 			return nil
 		}
-		rows, err := tx.Query(ctx, `SELECT version, applied_at FROM `+VersionTable+` ORDER BY version`)
+		rows, err := tx.Query(ctx, `SELECT version, applied_at FROM `+pgx.Identifier{m.table}.Sanitize()+` ORDER BY version`)
 		if err != nil {
 			return fmt.Errorf("migrate: status: %w", err)
 		}
@@ -336,14 +347,14 @@ func (m *Migrator) SQL(down bool) string {
 	if !down {
 		for _, mig := range m.migrations {
 			fmt.Fprintf(&b, "-- idem migration %03d_%s (up)\n%s\n", mig.Version, mig.Name, strings.TrimSpace(mig.Up))
-			fmt.Fprintf(&b, "INSERT INTO %s (version, name) VALUES (%d, '%s');\n\n", VersionTable, mig.Version, mig.Name)
+			fmt.Fprintf(&b, "INSERT INTO %s (version, name) VALUES (%d, '%s');\n\n", m.table, mig.Version, mig.Name)
 		}
-		return "CREATE TABLE IF NOT EXISTS " + VersionTable + " (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());\n\n" + b.String()
+		return "CREATE TABLE IF NOT EXISTS " + m.table + " (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());\n\n" + b.String()
 	}
 	for i := len(m.migrations) - 1; i >= 0; i-- {
 		mig := m.migrations[i]
 		fmt.Fprintf(&b, "-- idem migration %03d_%s (down)\n%s\n", mig.Version, mig.Name, strings.TrimSpace(mig.Down))
-		fmt.Fprintf(&b, "DELETE FROM %s WHERE version = %d;\n\n", VersionTable, mig.Version)
+		fmt.Fprintf(&b, "DELETE FROM %s WHERE version = %d;\n\n", m.table, mig.Version)
 	}
 	return b.String()
 }

@@ -1,0 +1,16 @@
+// Command billing is the reference service of idem: the billing system of
+// the seed article, built only on idem's public packages, plus the demo and
+// the chaos harness that prove it charges every order exactly once.
+//
+// Each subcommand lives in its own file and registers itself in init.
+package main
+
+import "github.com/idemkit/idem/internal/cli"
+
+var commands []*cli.Command
+
+func register(c *cli.Command) { commands = append(commands, c) }
+
+func main() {
+	cli.Main("billing", "reference billing service built on idem", commands)
+}

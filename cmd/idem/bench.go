@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/idemkit/idem/internal/cli"
+)
+
+// benchScenario is one `idem bench NAME`. Run measures the subject and its
+// baseline in the same process and returns one Result per variant, in the
+// names the scenario's issue lists.
+type benchScenario struct {
+	Name    string
+	Summary string
+	// Flags lets a scenario add its own flags (record counts and the like).
+	Flags func(fs *benchFlags)
+	Run   func(ctx context.Context, env *benchEnv) ([]benchResult, error)
+}
+
+// benchEnv is what every scenario receives.
+type benchEnv struct {
+	DatabaseURL string
+	// Log receives progress lines; it is stderr, so that --json output on
+	// stdout stays one JSON object.
+	Log io.Writer
+	// Ints and Durations hold the scenario's own flags by name.
+	Ints map[string]*int
+}
+
+// benchFlags lets a scenario declare integer flags.
+type benchFlags struct {
+	ints map[string]*int
+	add  func(name string, def int, usage string) *int
+}
+
+// Int declares an integer flag of the scenario.
+func (f *benchFlags) Int(name string, def int, usage string) { f.ints[name] = f.add(name, def, usage) }
+
+// benchResult is one variant's figures.
+type benchResult struct {
+	Name      string  `json:"name"`
+	OpsPerSec float64 `json:"ops_per_sec"`
+	P50Ms     float64 `json:"p50_ms"`
+	P99Ms     float64 `json:"p99_ms"`
+	// Ops is how many operations the figures cover.
+	Ops int `json:"ops"`
+}
+
+var benchScenarios = map[string]*benchScenario{}
+
+func registerBench(s *benchScenario) { benchScenarios[s.Name] = s }
+
+func init() {
+	register(&cli.Command{Name: "bench", Summary: "benchmark a subject against its baseline in one run", Run: runBench})
+}
+
+func benchNames() string {
+	var names []string
+	for n := range benchScenarios {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return strings.Join(names, "|")
+}
+
+func runBench(ctx context.Context, args []string) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			fmt.Printf("Usage: idem bench %s [--json] [flags]\n\nEach scenario runs its subject and its baseline in the same run,\nagainst DATABASE_URL (default: the local server) and an in-process kfake broker.\n", benchNames())
+			return nil
+		}
+		return cli.Usagef("missing scenario: %s", benchNames())
+	}
+	sc, ok := benchScenarios[args[0]]
+	if !ok {
+		return cli.Usagef("unknown scenario %q: want %s", args[0], benchNames())
+	}
+	fs := cli.FlagSet("bench "+sc.Name, "Usage: idem bench "+sc.Name+" [flags]\n\n"+sc.Summary)
+	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
+	dbURL := fs.String("database-url", cli.DatabaseURL(), "PostgreSQL URL")
+	bf := &benchFlags{ints: map[string]*int{}, add: func(name string, def int, usage string) *int { return fs.Int(name, def, usage) }}
+	if sc.Flags != nil {
+		sc.Flags(bf)
+	}
+	if err := cli.Parse(fs, args[1:]); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return cli.Usagef("unexpected argument %q", fs.Arg(0))
+	}
+	results, err := sc.Run(ctx, &benchEnv{DatabaseURL: *dbURL, Log: os.Stderr, Ints: bf.ints})
+	if err != nil {
+		return err
+	}
+	return printBench(os.Stdout, sc.Name, results, *asJSON)
+}
+
+func printBench(w io.Writer, scenario string, results []benchResult, asJSON bool) error {
+	if asJSON {
+		return json.NewEncoder(w).Encode(struct {
+			Scenario string        `json:"scenario"`
+			Results  []benchResult `json:"results"`
+		}{scenario, results})
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "%s\tops/s\tp50 ms\tp99 ms\tops\t\n", scenario)
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%.2f\t%d\t\n", r.Name, r.OpsPerSec, r.P50Ms, r.P99Ms, r.Ops)
+	}
+	return tw.Flush()
+}
