@@ -2,7 +2,7 @@
 // tables behind the idempotency, outbox and inbox packages.
 //
 // Files are named NNN_name.up.sql and NNN_name.down.sql and embedded with
-// go:embed. The set is validated when the package initialises: versions start
+// the go:embed directive. The set is validated when the package initialises: versions start
 // at 1 with no gap, no duplicate, and both halves of every version present.
 //
 // Guarantees:
