@@ -255,3 +255,36 @@ func TestSQLScript(t *testing.T) {
 		t.Error("down script does not run newest first")
 	}
 }
+
+// An application's own set, recorded in its own table, lives beside idem's
+// in one schema without either seeing the other's versions.
+func TestWithTableKeepsSetsApart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	app, err := migrate.Load(fstest.MapFS{
+		"m/001_orders.up.sql":   {Data: []byte("CREATE TABLE orders (id int);")},
+		"m/001_orders.down.sql": {Data: []byte("DROP TABLE orders;")},
+	}, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	app = app.WithTable("app_migration")
+	if applied, err := app.Up(ctx, db.Pool); err != nil || len(applied) != 1 {
+		t.Fatalf("app Up = %v, %v", applied, err)
+	}
+	st, err := app.Status(ctx, db.Pool)
+	if err != nil || st.Current != 1 {
+		t.Fatalf("app status = %+v, %v", st, err)
+	}
+	idem, err := migrate.GetStatus(ctx, db.Pool)
+	if err != nil || idem.Pending() != 0 {
+		t.Fatalf("idem status = %+v, %v", idem, err)
+	}
+	if v, err := app.Down(ctx, db.Pool); err != nil || v != 1 || tableExists(t, db, "orders") {
+		t.Fatalf("app Down = %d, %v", v, err)
+	}
+	if tableExists(t, db, "app_migration") && !tableExists(t, db, "idempotency_key") {
+		t.Fatal("app Down touched idem's tables")
+	}
+}
