@@ -1,0 +1,122 @@
+package paysim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/idemkit/idem/idemclient"
+)
+
+// ErrInvalidCharge is a ChargeCommand that must not be sent: no key, no
+// order or customer, or an amount that is not positive. Not retryable.
+var ErrInvalidCharge = errors.New("paysim: invalid charge command")
+
+// ErrBadResponse is a 2xx answer without a charge id. The charge may have
+// happened; repeating the call with the same key returns the stored answer.
+var ErrBadResponse = errors.New("paysim: malformed charge response")
+
+// ChargeCommand is one charge, the article's payment.ChargeCommand.
+// IdempotencyKey is derived from the business operation (for example
+// idemclient.Key(orderID, "charge", requestID)), never generated per call.
+type ChargeCommand struct {
+	IdempotencyKey string
+	OrderID        string
+	CustomerID     string
+	AmountKopecks  int64
+}
+
+// ChargeResult is a successful charge.
+type ChargeResult struct {
+	ChargeID string
+	// Replayed is true when the provider answered from its idempotency
+	// store: this key had already been charged (by an earlier attempt, or
+	// an earlier call before a restart).
+	Replayed bool
+	// Attempts is how many attempts the call took.
+	Attempts int
+}
+
+// Client is a typed client of POST /charges, the article's payment
+// adapter. It is safe for concurrent use.
+type Client struct {
+	url string
+	c   *idemclient.Client
+}
+
+// NewClient returns a client of the payment provider at baseURL (for
+// example "http://127.0.0.1:8090"), sending through c (nil means
+// idemclient defaults over http.DefaultClient).
+func NewClient(baseURL string, c *idemclient.Client) (*Client, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("paysim: base URL %q is not an http(s) URL", baseURL)
+	}
+	if c == nil {
+		if c, err = idemclient.New(nil, nil); err != nil {
+			return nil, err
+		}
+	}
+	return &Client{url: strings.TrimRight(baseURL, "/") + "/charges", c: c}, nil
+}
+
+// Charge charges cmd.AmountKopecks once, however many attempts it takes:
+// every attempt carries cmd.IdempotencyKey. ctx bounds the whole call,
+// retries and waits included.
+//
+// On error, idemclient.IsRetryable tells a definitive failure (the charge
+// did not and will not happen with this key, e.g. 409
+// IDEMPOTENCY_KEY_REUSED or 400) from an unknown outcome that the caller
+// must retry later with the same key.
+func (c *Client) Charge(ctx context.Context, cmd ChargeCommand) (ChargeResult, error) {
+	switch {
+	case cmd.IdempotencyKey == "":
+		return ChargeResult{}, fmt.Errorf("%w: IdempotencyKey is empty", ErrInvalidCharge)
+	case cmd.OrderID == "":
+		return ChargeResult{}, fmt.Errorf("%w: OrderID is empty", ErrInvalidCharge)
+	case cmd.CustomerID == "":
+		return ChargeResult{}, fmt.Errorf("%w: CustomerID is empty", ErrInvalidCharge)
+	case cmd.AmountKopecks <= 0:
+		return ChargeResult{}, fmt.Errorf("%w: AmountKopecks %d is not positive", ErrInvalidCharge, cmd.AmountKopecks)
+	}
+	if err := idemclient.ValidateKey(cmd.IdempotencyKey); err != nil {
+		return ChargeResult{}, fmt.Errorf("%w: %w", ErrInvalidCharge, err)
+	}
+	body, err := json.Marshal(chargeRequest{OrderID: cmd.OrderID, CustomerID: cmd.CustomerID, AmountKopecks: cmd.AmountKopecks})
+	if err != nil {
+		return ChargeResult{}, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(body))
+	if err != nil {
+		return ChargeResult{}, fmt.Errorf("paysim: charge: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.c.Do(req, cmd.IdempotencyKey)
+	if err != nil {
+		return ChargeResult{}, fmt.Errorf("paysim: charge: %w", err)
+	}
+	defer resp.Body.Close()
+	var out chargeResponse
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&out); err != nil || out.ChargeID == "" {
+		return ChargeResult{}, fmt.Errorf("%w: status %d", ErrBadResponse, resp.StatusCode)
+	}
+	return ChargeResult{ChargeID: out.ChargeID, Replayed: resp.Replayed, Attempts: resp.Attempts}, nil
+}
+
+// chargeRequest is the body of POST /charges (ARCHITECTURE.md).
+type chargeRequest struct {
+	OrderID       string `json:"order_id"`
+	CustomerID    string `json:"customer_id"`
+	AmountKopecks int64  `json:"amount_kopecks"`
+}
+
+// chargeResponse is the body of a 201 from POST /charges.
+type chargeResponse struct {
+	ChargeID string `json:"charge_id"`
+}
