@@ -1,0 +1,15 @@
+// Package pgtemp starts a throwaway PostgreSQL cluster from the local
+// PostgreSQL binaries: a fresh data directory in a temporary directory, a free
+// port on 127.0.0.1, trust authentication, stopped and deleted on Close.
+//
+// It is the last fallback of idem's embedded defaults (`billing demo`): used
+// when DATABASE_URL is empty and no server answers on 127.0.0.1:5432.
+//
+// PostgreSQL refuses to run as root. When the calling process is root, the
+// data directory is given to the "postgres" user (or Config.User) and initdb
+// and postgres run under that user's uid and gid.
+//
+// What it does not guarantee: durability. The cluster runs with fsync off,
+// because it lives only as long as the process that started it; a machine
+// crash loses it, which is its purpose.
+package pgtemp

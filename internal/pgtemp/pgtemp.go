@@ -1,0 +1,296 @@
+package pgtemp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Sentinel errors.
+var (
+	// ErrNoBinaries means initdb and postgres were not found.
+	ErrNoBinaries = errors.New("pgtemp: no PostgreSQL binaries (initdb, postgres) found")
+	// ErrNoUser means the process is root and the user to run PostgreSQL as
+	// does not exist.
+	ErrNoUser = errors.New("pgtemp: running as root and the PostgreSQL user does not exist")
+	// ErrStart means the server did not come up.
+	ErrStart = errors.New("pgtemp: server did not start")
+)
+
+// Defaults.
+const (
+	// UserDefault is the user PostgreSQL runs as when the caller is root.
+	UserDefault = "postgres"
+	// StartTimeoutDefault bounds initdb plus server start.
+	StartTimeoutDefault = 60 * time.Second
+)
+
+// Config configures Start. A nil Config means all defaults.
+type Config struct {
+	// BinDir holds initdb and postgres. Defaults to the newest
+	// /usr/lib/postgresql/*/bin (Debian, Ubuntu), else the directory of
+	// initdb on PATH.
+	BinDir string
+	// User runs initdb and postgres when the caller is root. Defaults to
+	// UserDefault ("postgres"). Ignored when the caller is not root.
+	User string
+	// Log receives the server's output. Defaults to discarding it.
+	Log io.Writer
+	// StartTimeout bounds initdb plus server start. Defaults to
+	// StartTimeoutDefault (60s).
+	StartTimeout time.Duration
+}
+
+// Cluster is a running throwaway server.
+type Cluster struct {
+	// URL connects as the superuser "postgres" to database "postgres".
+	URL string
+	// Dir is the temporary directory holding the data directory and the
+	// Unix socket.
+	Dir string
+	// Port is the TCP port on 127.0.0.1.
+	Port int
+
+	cmd       *exec.Cmd
+	exited    chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// FindBinDir returns the directory holding initdb and postgres, or
+// ErrNoBinaries.
+func FindBinDir() (string, error) {
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	// Newest major version first: 17 before 9.6.
+	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
+	if p, err := exec.LookPath("initdb"); err == nil {
+		dirs = append(dirs, filepath.Dir(p))
+	}
+	for _, d := range dirs {
+		if isExec(filepath.Join(d, "initdb")) && isExec(filepath.Join(d, "postgres")) {
+			return d, nil
+		}
+	}
+	return "", ErrNoBinaries
+}
+
+func versionOf(binDir string) float64 {
+	v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(binDir)), 64)
+	return v
+}
+
+func isExec(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
+}
+
+// Start initialises a data directory and starts postgres on a free port. The
+// ctx governs the start only; the server runs until Close.
+func Start(ctx context.Context, cfg *Config) (*Cluster, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.User == "" {
+		c.User = UserDefault
+	}
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+	if c.StartTimeout == 0 {
+		c.StartTimeout = StartTimeoutDefault
+	}
+	if c.StartTimeout < 0 {
+		return nil, fmt.Errorf("pgtemp: Config.StartTimeout %v is negative", c.StartTimeout)
+	}
+	if c.BinDir == "" {
+		d, err := FindBinDir()
+		if err != nil {
+			return nil, err
+		}
+		c.BinDir = d
+	} else if !isExec(filepath.Join(c.BinDir, "initdb")) || !isExec(filepath.Join(c.BinDir, "postgres")) {
+		return nil, fmt.Errorf("%w in Config.BinDir %s", ErrNoBinaries, c.BinDir)
+	}
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup(c.User)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %q: %v", ErrNoUser, c.User, err)
+		}
+		uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+		gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.StartTimeout)
+	defer cancel()
+
+	dir, err := os.MkdirTemp("", "pgtemp-")
+	if err != nil {
+		return nil, fmt.Errorf("pgtemp: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	if cred != nil {
+		// MkdirTemp makes the directory 0700 for root: hand it over.
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			return nil, fmt.Errorf("pgtemp: chown %s: %w", dir, err)
+		}
+	}
+	data := filepath.Join(dir, "data")
+	initdb := exec.CommandContext(ctx, filepath.Join(c.BinDir, "initdb"),
+		"-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	initdb.Dir = dir
+	initdb.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
+	if out, err := initdb.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("%w: initdb: %v: %s", ErrStart, err, lastLine(out))
+	}
+
+	// A free port can be taken between our probe and postgres's bind: try a
+	// few ports.
+	var lastErr error
+	for range 3 {
+		port, err := freePort()
+		if err != nil {
+			return nil, fmt.Errorf("pgtemp: %w", err)
+		}
+		cl, err := startServer(ctx, &c, cred, dir, data, port)
+		if err == nil {
+			ok = true
+			return cl, nil
+		}
+		lastErr = err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, lastErr
+}
+
+func startServer(ctx context.Context, c *Config, cred *syscall.Credential, dir, data string, port int) (*Cluster, error) {
+	cmd := exec.Command(filepath.Join(c.BinDir, "postgres"),
+		"-D", data, "-p", strconv.Itoa(port), "-k", dir,
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+		"-c", "max_connections=200")
+	// Pdeathsig: if our process dies without Close, the postmaster goes too
+	// (its backends follow it), rather than running on an orphaned port.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
+	var out tailBuffer
+	cmd.Stdout = io.MultiWriter(c.Log, &out)
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrStart, err)
+	}
+	cl := &Cluster{
+		URL:    fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+		Dir:    dir,
+		Port:   port,
+		cmd:    cmd,
+		exited: make(chan struct{}),
+	}
+	go func() {
+		_ = cmd.Wait()
+		close(cl.exited)
+	}()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		conn, err := pgx.Connect(pctx, cl.URL)
+		if err == nil {
+			err = conn.Ping(pctx)
+			_ = conn.Close(context.Background())
+		}
+		cancel()
+		if err == nil {
+			return cl, nil
+		}
+		select {
+		case <-cl.exited:
+			return nil, fmt.Errorf("%w: postgres exited: %s", ErrStart, out.lastLine())
+		case <-ctx.Done():
+			cl.stop()
+			return nil, fmt.Errorf("%w: %v: %s", ErrStart, ctx.Err(), out.lastLine())
+		case <-tick.C:
+		}
+	}
+}
+
+// Close stops the server (fast shutdown: sessions are disconnected) and
+// deletes its directory. Safe to call twice.
+func (c *Cluster) Close() error {
+	c.closeOnce.Do(func() {
+		c.stop()
+		c.closeErr = os.RemoveAll(c.Dir)
+	})
+	return c.closeErr
+}
+
+// stop asks for a fast shutdown (SIGINT), and kills after 10 seconds.
+func (c *Cluster) stop() {
+	_ = c.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-c.exited:
+	case <-time.After(10 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
+
+// tailBuffer keeps the last 4 KiB written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > 4096 {
+		t.buf = t.buf[len(t.buf)-4096:]
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) lastLine() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return lastLine(t.buf)
+}
