@@ -1,0 +1,35 @@
+// Package inbox deduplicates incoming events for a consumer: one row per
+// (consumer_id, event_id) in processed_event, written by MarkProcessedTx in
+// the handler's own transaction.
+//
+// # Guarantee
+//
+// If every effect of handling an event is written in the same PostgreSQL
+// transaction as its MarkProcessedTx call, and the handler skips its work
+// when MarkProcessedTx reports a repeat, then each event's effects commit at
+// most once per consumer, however often the event is delivered, crashed on
+// or raced on by several consumer instances; with a redelivering source
+// (Kafka without a committed offset, an outbox relay) that makes it exactly
+// once in effect.
+//
+// # What it does not guarantee
+//
+//   - Effects outside the transaction (an HTTP call, a Kafka produce) are not
+//     covered: a crash after such a call and before the commit repeats it.
+//     Enqueue them as outbox rows with an idempotency key derived from the
+//     event id instead, and let a worker make the call with that key.
+//   - Rows are purged after a retention window (Purge, Purger): a duplicate
+//     arriving later than that is processed again.
+//   - The event id must identify the event, not the delivery: use the id
+//     the producer assigned (the outbox's event-id header).
+//
+// # The two SQL forms
+//
+// FormDoNothing is INSERT … ON CONFLICT DO NOTHING judged by rows affected;
+// FormDoUpdate is the article's INSERT … ON CONFLICT DO UPDATE … RETURNING
+// (xmax = 0). Both answer the same (TestFormsAgreeUnderRace). On a repeat,
+// DO UPDATE writes a new row version (a dead tuple for vacuum, WAL, and a
+// row lock held to the end of the transaction); DO NOTHING reads the
+// conflicting row and writes nothing. FormDefault is FormDoNothing; see
+// BenchmarkMarkProcessed for the figures.
+package inbox
