@@ -1,0 +1,271 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+)
+
+// HTTPServer is a Component serving an *http.Server. Stop is
+// http.Server.Shutdown (the listener closes, in-flight requests finish);
+// HardStop is http.Server.Close (open connections are cut).
+type HTTPServer struct {
+	srv *http.Server
+
+	mu      sync.Mutex
+	ln      net.Listener
+	started bool
+	failed  chan error
+}
+
+// NewHTTPServer returns a Component for srv. ln is the listener to serve on;
+// nil means listen on srv.Addr at Start.
+func NewHTTPServer(srv *http.Server, ln net.Listener) *HTTPServer {
+	return &HTTPServer{srv: srv, ln: ln, failed: make(chan error, 1)}
+}
+
+// Start listens (unless a listener was given) and serves in a goroutine.
+// ctx bounds the listen.
+func (s *HTTPServer) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return nil
+	}
+	if s.ln == nil {
+		ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", s.srv.Addr)
+		if err != nil {
+			return fmt.Errorf("lifecycle: listen %s: %w", s.srv.Addr, err)
+		}
+		s.ln = ln
+	}
+	s.started = true
+	ln := s.ln
+	go func() {
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.failed <- fmt.Errorf("lifecycle: http serve: %w", err)
+		}
+	}()
+	return nil
+}
+
+// Addr is the bound address once started (or the given listener's), nil
+// before.
+func (s *HTTPServer) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil {
+		return nil
+	}
+	return s.ln.Addr()
+}
+
+// Stop closes the listener and waits for in-flight requests until ctx ends.
+func (s *HTTPServer) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	started := s.started
+	s.mu.Unlock()
+	if !started {
+		return nil
+	}
+	return s.srv.Shutdown(ctx)
+}
+
+// HardStop closes every connection, answered or not.
+func (s *HTTPServer) HardStop(context.Context) error {
+	s.mu.Lock()
+	started := s.started
+	s.mu.Unlock()
+	if !started {
+		return nil
+	}
+	return s.srv.Close()
+}
+
+// Failed delivers the error of a Serve that ended on its own.
+func (s *HTTPServer) Failed() <-chan error { return s.failed }
+
+type hardKey struct{}
+
+// Task is a Component running one function in a goroutine between Start and
+// Stop, such as a polling loop or a consumer.
+//
+// The function's ctx ends at the soft stop: the loop must take no new work
+// once it is done. Work already in hand should run on WorkContext(ctx),
+// which survives the soft stop and ends only at the hard stop — the article's
+// "batch context built from context.WithoutCancel(ctx)", with the hard stop
+// still honoured.
+type Task struct {
+	name string
+	run  func(ctx context.Context) error
+
+	mu         sync.Mutex
+	started    bool
+	softCancel context.CancelFunc
+	hardCancel context.CancelFunc
+	done       chan struct{}
+	err        error
+	stopping   bool
+	failed     chan error
+}
+
+// Go returns a Task running fn. name appears in errors.
+func Go(name string, fn func(ctx context.Context) error) *Task {
+	return &Task{name: name, run: fn, done: make(chan struct{}), failed: make(chan error, 1)}
+}
+
+// Start launches the function. The function's contexts keep the values of
+// ctx but not its cancellation.
+func (t *Task) Start(ctx context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.started {
+		return nil
+	}
+	t.started = true
+	base := context.WithoutCancel(ctx)
+	hardCtx, hardCancel := context.WithCancel(base)
+	softCtx, softCancel := context.WithCancel(context.WithValue(hardCtx, hardKey{}, hardCtx))
+	t.softCancel, t.hardCancel = softCancel, hardCancel
+	go func() {
+		err := t.run(softCtx)
+		t.mu.Lock()
+		t.err = err
+		early := !t.stopping
+		t.mu.Unlock()
+		close(t.done)
+		if early {
+			if err == nil {
+				err = errors.New("ended before it was stopped")
+			}
+			t.failed <- fmt.Errorf("lifecycle: task %s: %w", t.name, err)
+		}
+	}()
+	return nil
+}
+
+// Stop cancels the function's ctx and waits for it to return until ctx
+// ends. It returns the function's error, or ctx.Err() on timeout.
+func (t *Task) Stop(ctx context.Context) error { return t.stop(ctx, false) }
+
+// HardStop also cancels WorkContext, abandoning the work in hand, and waits
+// until ctx ends.
+func (t *Task) HardStop(ctx context.Context) error { return t.stop(ctx, true) }
+
+func (t *Task) stop(ctx context.Context, hard bool) error {
+	t.mu.Lock()
+	if !t.started {
+		t.mu.Unlock()
+		return nil
+	}
+	t.stopping = true
+	t.softCancel()
+	if hard {
+		t.hardCancel()
+	}
+	t.mu.Unlock()
+	select {
+	case <-t.done:
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if errors.Is(t.err, context.Canceled) {
+			return nil
+		}
+		return t.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Failed delivers the function's error when it returned before Stop.
+func (t *Task) Failed() <-chan error { return t.failed }
+
+// WorkContext returns a context for work in hand: it has ctx's values and
+// deadline-free lifetime, is not cancelled by the soft stop of the Task that
+// gave ctx, and is cancelled by that Task's hard stop. Bound it with your own
+// timeout (context.WithTimeout) so that a stuck dependency cannot hold the
+// stop. For a ctx that does not come from a Task it is context.WithoutCancel.
+func WorkContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	wc, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	if hard, ok := ctx.Value(hardKey{}).(context.Context); ok {
+		stop := context.AfterFunc(hard, cancel)
+		return wc, func() { stop(); cancel() }
+	}
+	return wc, cancel
+}
+
+// Funcs adapts plain functions to a Component and HardStopper. A nil
+// function does nothing. Each function runs at most once; Stop and HardStop
+// before Start do nothing.
+type Funcs struct {
+	StartFunc    func(ctx context.Context) error
+	StopFunc     func(ctx context.Context) error
+	HardStopFunc func(ctx context.Context) error
+
+	mu                      sync.Mutex
+	started, stopped, hards bool
+}
+
+// Start calls StartFunc once.
+func (f *Funcs) Start(ctx context.Context) error {
+	f.mu.Lock()
+	if f.started {
+		f.mu.Unlock()
+		return nil
+	}
+	f.started = true
+	f.mu.Unlock()
+	if f.StartFunc == nil {
+		return nil
+	}
+	return f.StartFunc(ctx)
+}
+
+// Stop calls StopFunc once, after Start.
+func (f *Funcs) Stop(ctx context.Context) error {
+	f.mu.Lock()
+	if !f.started || f.stopped {
+		f.mu.Unlock()
+		return nil
+	}
+	f.stopped = true
+	f.mu.Unlock()
+	if f.StopFunc == nil {
+		return nil
+	}
+	return f.StopFunc(ctx)
+}
+
+// HardStop calls HardStopFunc once, after Start.
+func (f *Funcs) HardStop(ctx context.Context) error {
+	f.mu.Lock()
+	if !f.started || f.hards {
+		f.mu.Unlock()
+		return nil
+	}
+	f.hards = true
+	f.mu.Unlock()
+	if f.HardStopFunc == nil {
+		return nil
+	}
+	return f.HardStopFunc(ctx)
+}
+
+// Closer returns a Component whose Stop calls fn once (a pool, a Kafka
+// client): Start does nothing, because the resource exists already. A close
+// that blocks past the stage's budget is abandoned.
+func Closer(fn func()) Component {
+	return &Funcs{StopFunc: func(ctx context.Context) error {
+		done := make(chan struct{})
+		go func() { fn(); close(done) }()
+		select {
+		case <-done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+}

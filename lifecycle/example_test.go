@@ -1,0 +1,51 @@
+package lifecycle_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/idemkit/idem/lifecycle"
+)
+
+// Example wires the stop order of the billing service: readiness off, the
+// HTTP server, the consumers, the relay, the charge worker, the clients.
+// Run returns after SIGTERM (here: after ctx ends) and the ordered stop.
+func Example() {
+	g, err := lifecycle.New(&lifecycle.Config{ShutdownTimeout: 25 * time.Second})
+	if err != nil {
+		panic(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /readyz", g.ReadyHandler())
+	srv := lifecycle.NewHTTPServer(&http.Server{Addr: "127.0.0.1:0", Handler: mux}, nil)
+
+	relay := lifecycle.Go("relay", func(ctx context.Context) error {
+		for {
+			select {
+			case <-ctx.Done():
+				return nil // soft stop: start no new batch
+			case <-time.After(100 * time.Millisecond):
+			}
+			batch, cancel := lifecycle.WorkContext(ctx)
+			batch, cancelTimeout := context.WithTimeout(batch, 5*time.Second)
+			_ = batch // publish and mark the batch on this context
+			cancelTimeout()
+			cancel()
+		}
+	})
+
+	_ = g.Add(lifecycle.Stage{Name: "http", Budget: 10 * time.Second, Components: []lifecycle.Component{srv}})
+	_ = g.Add(lifecycle.Stage{Name: "relay", Budget: 5 * time.Second, Components: []lifecycle.Component{relay}})
+	_ = g.Add(lifecycle.Stage{Name: "clients", Budget: time.Second, Components: []lifecycle.Component{
+		lifecycle.Closer(func() { fmt.Println("clients closed") }),
+	}})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	fmt.Println(g.Run(ctx))
+	// Output:
+	// clients closed
+	// <nil>
+}

@@ -1,0 +1,248 @@
+package lifecycle_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/lifecycle"
+)
+
+func quietGroup(t *testing.T, cfg lifecycle.Config) *lifecycle.Group {
+	t.Helper()
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.Signals = []os.Signal{} // the trigger is Run's ctx
+	g, err := lifecycle.New(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	testCases := []struct {
+		name string
+		cfg  lifecycle.Config
+	}{
+		{"negative timeout", lifecycle.Config{ShutdownTimeout: -1}},
+		{"negative hard stop", lifecycle.Config{HardStopTimeout: -1}},
+		{"drain eats all", lifecycle.Config{ShutdownTimeout: time.Second, DrainDelay: time.Second}},
+	}
+	for _, tt := range testCases {
+		if _, err := lifecycle.New(&tt.cfg); !errors.Is(err, lifecycle.ErrInvalidConfig) {
+			t.Errorf("%s: err %v, want ErrInvalidConfig", tt.name, err)
+		}
+	}
+	g, err := lifecycle.New(&lifecycle.Config{ShutdownTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Add(lifecycle.Stage{Name: "a", Budget: 6 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Add(lifecycle.Stage{Name: "b", Budget: 6 * time.Second}); !errors.Is(err, lifecycle.ErrInvalidConfig) {
+		t.Errorf("budgets over the timeout: err %v", err)
+	}
+	if err := g.Add(lifecycle.Stage{Budget: time.Second}); !errors.Is(err, lifecycle.ErrInvalidConfig) {
+		t.Errorf("unnamed stage: err %v", err)
+	}
+	if err := g.Add(lifecycle.Stage{Name: "c", Components: []lifecycle.Component{nil}}); !errors.Is(err, lifecycle.ErrInvalidConfig) {
+		t.Errorf("nil component: err %v", err)
+	}
+}
+
+// TestStopBeforeStartAndTwice proves the shared contract of the adapters:
+// Stop and HardStop before Start do nothing, and every call is safe twice.
+func TestStopBeforeStartAndTwice(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	runs := 0
+	task := lifecycle.Go("t", func(ctx context.Context) error { runs++; <-ctx.Done(); return ctx.Err() })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	srv := lifecycle.NewHTTPServer(&http.Server{Handler: http.NotFoundHandler()}, ln)
+	closes := 0
+	closer := lifecycle.Closer(func() { closes++ })
+	comps := []lifecycle.Component{task, srv, closer}
+	for _, c := range comps {
+		if err := c.Stop(ctx); err != nil {
+			t.Errorf("%T Stop before Start: %v", c, err)
+		}
+		if hs, ok := c.(lifecycle.HardStopper); ok {
+			if err := hs.HardStop(ctx); err != nil {
+				t.Errorf("%T HardStop before Start: %v", c, err)
+			}
+		}
+	}
+	if closes != 0 {
+		t.Fatal("Closer closed before Start")
+	}
+	for _, c := range comps {
+		for range 2 {
+			if err := c.Start(ctx); err != nil {
+				t.Fatalf("%T Start: %v", c, err)
+			}
+		}
+	}
+	for _, c := range comps {
+		for range 2 {
+			if err := c.Stop(ctx); err != nil {
+				t.Errorf("%T Stop: %v", c, err)
+			}
+		}
+	}
+	if runs != 1 || closes != 1 {
+		t.Fatalf("task ran %d times, closer closed %d times; want 1 and 1", runs, closes)
+	}
+}
+
+// TestWorkContextSurvivesSoftStop proves the batch-context pattern: the
+// work in hand keeps running through the soft stop and is cancelled by the
+// hard stop.
+func TestWorkContextSurvivesSoftStop(t *testing.T) {
+	t.Parallel()
+	inHand := make(chan struct{})
+	result := make(chan error, 1)
+	task := lifecycle.Go("batch", func(ctx context.Context) error {
+		work, cancel := lifecycle.WorkContext(ctx)
+		defer cancel()
+		close(inHand)
+		<-ctx.Done() // the soft stop arrives while the batch is in hand
+		select {
+		case <-work.Done():
+			result <- errors.New("work context cancelled by the soft stop")
+		default:
+		}
+		<-work.Done()
+		result <- nil
+		return nil
+	})
+	if err := task.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-inHand
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := task.Stop(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("soft Stop returned %v while the batch was in hand", err)
+	}
+	if err := task.HardStop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-result; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFailedComponentTriggersShutdown proves that a component ending on its
+// own stops the rest in order and makes Run return its error.
+func TestFailedComponentTriggersShutdown(t *testing.T) {
+	t.Parallel()
+	g := quietGroup(t, lifecycle.Config{ShutdownTimeout: 10 * time.Second})
+	boom := errors.New("boom")
+	var mu sync.Mutex
+	var stopped []string
+	rec := func(name string) lifecycle.Component {
+		return &lifecycle.Funcs{StopFunc: func(context.Context) error {
+			mu.Lock()
+			defer mu.Unlock()
+			stopped = append(stopped, name)
+			return nil
+		}}
+	}
+	fail := make(chan struct{})
+	_ = g.Add(lifecycle.Stage{Name: "first", Components: []lifecycle.Component{rec("first")}})
+	_ = g.Add(lifecycle.Stage{Name: "failing", Budget: time.Second, Components: []lifecycle.Component{
+		lifecycle.Go("consumer", func(ctx context.Context) error { <-fail; return boom }),
+	}})
+	_ = g.Add(lifecycle.Stage{Name: "last", Budget: time.Second, Components: []lifecycle.Component{rec("last")}})
+	done := make(chan error, 1)
+	go func() { done <- g.Run(context.Background()) }()
+	close(fail)
+	err := <-done
+	if !errors.Is(err, boom) {
+		t.Fatalf("Run: %v, want boom", err)
+	}
+	if len(stopped) != 2 || stopped[0] != "first" || stopped[1] != "last" {
+		t.Fatalf("stopped %v", stopped)
+	}
+	if err := g.Run(context.Background()); !errors.Is(err, lifecycle.ErrAlreadyRun) {
+		t.Fatalf("second Run: %v", err)
+	}
+}
+
+// TestStartFailureStopsWhatStarted proves that a failed Start stops the
+// components already started and starts nothing after it.
+func TestStartFailureStopsWhatStarted(t *testing.T) {
+	t.Parallel()
+	g := quietGroup(t, lifecycle.Config{})
+	bad := errors.New("no listener")
+	var stopped, startedHTTP bool
+	_ = g.Add(lifecycle.Stage{Name: "http", Components: []lifecycle.Component{&lifecycle.Funcs{
+		StartFunc: func(context.Context) error { startedHTTP = true; return nil },
+	}}})
+	_ = g.Add(lifecycle.Stage{Name: "worker", Components: []lifecycle.Component{&lifecycle.Funcs{
+		StartFunc: func(context.Context) error { return bad },
+	}}})
+	_ = g.Add(lifecycle.Stage{Name: "pool", Components: []lifecycle.Component{&lifecycle.Funcs{
+		StopFunc: func(context.Context) error { stopped = true; return nil },
+	}}})
+	if err := g.Run(context.Background()); !errors.Is(err, bad) {
+		t.Fatalf("Run: %v", err)
+	}
+	if !stopped || startedHTTP {
+		t.Fatalf("pool stopped %v (want true), http started %v (want false)", stopped, startedHTTP)
+	}
+}
+
+func TestReadyHandler(t *testing.T) {
+	t.Parallel()
+	g := quietGroup(t, lifecycle.Config{})
+	h := g.ReadyHandler()
+	status := func() int {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+		return rec.Code
+	}
+	if status() != http.StatusServiceUnavailable {
+		t.Fatal("ready before Run")
+	}
+	started := make(chan struct{})
+	_ = g.Add(lifecycle.Stage{Name: "probe", Components: []lifecycle.Component{&lifecycle.Funcs{
+		StopFunc: func(context.Context) error {
+			if status() != http.StatusServiceUnavailable {
+				t.Error("ready during the shutdown")
+			}
+			return nil
+		},
+	}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	go func() {
+		for !g.Ready() {
+			time.Sleep(time.Millisecond) // polling interval
+		}
+		close(started)
+	}()
+	<-started
+	if status() != http.StatusOK {
+		t.Fatal("not ready after start")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
