@@ -112,6 +112,10 @@ func New(hc *http.Client, cfg *Config) (*Client, error) {
 	return &Client{hc: hc, cfg: c}, nil
 }
 
+// CloseIdleConnections closes the idle keep-alive connections of the
+// wrapped http.Client.
+func (c *Client) CloseIdleConnections() { c.hc.CloseIdleConnections() }
+
 // Response is a 2xx or 3xx answer. The caller closes Body.
 type Response struct {
 	*http.Response
