@@ -1,1 +1,3 @@
 DROP TABLE IF EXISTS outbox_event;
+DROP FUNCTION IF EXISTS outbox_event_notify();
+DROP TABLE IF EXISTS outbox_aggregate;

@@ -1,9 +1,20 @@
 -- Transactional outbox (package outbox).
 --
--- Rows are written in the producer's own transaction and driven to
--- PUBLISHED (or DEAD) by a relay. aggregate_seq orders the events of one
--- aggregate; the relay never publishes an event while an earlier event of
--- the same aggregate is still unpublished.
+-- Rows are written in the producer's own transaction (outbox.EnqueueTx) and
+-- driven to PUBLISHED (or DEAD) by a relay. aggregate_seq orders the events
+-- of one aggregate: it is taken from outbox_aggregate, whose row for the
+-- aggregate stays locked until the enqueuing transaction ends, so two
+-- transactions enqueueing for one aggregate get their numbers in commit
+-- order and without gaps. The relay never publishes an event while an
+-- earlier event of the same aggregate is unpublished (PENDING, PUBLISHING
+-- or DEAD).
+CREATE TABLE outbox_aggregate (
+    aggregate_type text   NOT NULL,
+    aggregate_id   text   NOT NULL,
+    last_seq       bigint NOT NULL,
+    PRIMARY KEY (aggregate_type, aggregate_id)
+);
+
 CREATE TABLE outbox_event (
     id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     topic          text        NOT NULL,
@@ -27,6 +38,27 @@ CREATE TABLE outbox_event (
     UNIQUE (aggregate_type, aggregate_id, aggregate_seq)
 );
 
+-- The claim scans PENDING rows in id order.
 CREATE INDEX outbox_event_pending_idx ON outbox_event (id) WHERE status = 'PENDING';
+-- Head-of-line check and run extension: the unpublished events of one
+-- aggregate in sequence order.
+CREATE INDEX outbox_event_unpublished_idx ON outbox_event (aggregate_type, aggregate_id, aggregate_seq)
+    WHERE status <> 'PUBLISHED';
+-- Reaper.
 CREATE INDEX outbox_event_publishing_idx ON outbox_event (locked_at) WHERE status = 'PUBLISHING';
+-- Retention purge.
 CREATE INDEX outbox_event_published_idx ON outbox_event (published_at) WHERE status = 'PUBLISHED';
+
+-- Wake idle relays when events commit: NOTIFY is delivered at commit (and
+-- not at all on rollback), and one statement-level trigger firing per
+-- INSERT keeps the cost independent of the batch size; PostgreSQL folds
+-- identical notifications of one transaction into one.
+CREATE FUNCTION outbox_event_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('idem_outbox', '');
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER outbox_event_notify AFTER INSERT ON outbox_event
+    FOR EACH STATEMENT EXECUTE FUNCTION outbox_event_notify();

@@ -1,0 +1,230 @@
+-- Enqueue writes a batch of events in the caller transaction. The
+-- upsert on outbox_aggregate takes each aggregate sequence numbers and
+-- keeps that aggregate counter row locked until the caller
+-- transaction ends: a second transaction enqueueing for the same aggregate
+-- waits there, then numbers its events after the first ones (or reuses
+-- the numbers if the first rolled back). Sequence order is therefore
+-- commit order, with no gaps. Aggregates are locked in sorted order so that
+-- two multi-aggregate enqueues cannot deadlock each other.
+-- name: Enqueue :many
+WITH input AS (
+    SELECT t.*, row_number() OVER () AS ord
+    FROM (
+        SELECT unnest(sqlc.arg(topics)::text[]) AS topic,
+               unnest(sqlc.arg(aggregate_types)::text[]) AS aggregate_type,
+               unnest(sqlc.arg(aggregate_ids)::text[]) AS aggregate_id,
+               unnest(sqlc.arg(event_ids)::text[]) AS event_id,
+               unnest(sqlc.arg(event_types)::text[]) AS event_type,
+               unnest(sqlc.arg(payloads)::bytea[]) AS payload,
+               unnest(sqlc.arg(headers)::text[]) AS headers
+    ) t
+),
+counts AS (
+    SELECT i.aggregate_type, i.aggregate_id, count(*)::bigint AS n
+    FROM input i
+    GROUP BY i.aggregate_type, i.aggregate_id
+),
+bumped AS (
+    INSERT INTO outbox_aggregate AS a (aggregate_type, aggregate_id, last_seq)
+    SELECT c.aggregate_type, c.aggregate_id, c.n FROM counts c
+    ORDER BY c.aggregate_type, c.aggregate_id
+    ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = a.last_seq + EXCLUDED.last_seq
+    RETURNING a.aggregate_type, a.aggregate_id, a.last_seq
+)
+INSERT INTO outbox_event (topic, aggregate_type, aggregate_id, aggregate_seq, event_id, event_type, payload, headers)
+SELECT i.topic, i.aggregate_type, i.aggregate_id,
+       b.last_seq - c.n + row_number() OVER (PARTITION BY i.aggregate_type, i.aggregate_id ORDER BY i.ord),
+       i.event_id, i.event_type, i.payload, i.headers::jsonb
+FROM input i
+JOIN counts c ON c.aggregate_type = i.aggregate_type AND c.aggregate_id = i.aggregate_id
+JOIN bumped b ON b.aggregate_type = i.aggregate_type AND b.aggregate_id = i.aggregate_id
+ORDER BY i.ord
+RETURNING id, aggregate_seq;
+
+-- ClaimLocked is the at-least-once claim: it locks the batch inside the
+-- caller transaction and changes nothing.
+--
+-- Per-aggregate order (both claims): "heads" are PENDING, available events
+-- with no unpublished (PENDING, PUBLISHING or DEAD) event of the same
+-- aggregate before them. Locking a head (FOR UPDATE SKIP LOCKED) gives
+-- this relay the whole aggregate: every later event of it has the head as
+-- an unpublished predecessor, so no other relay sees it as a head. The
+-- claim then extends each head with the contiguous run of PENDING,
+-- available events behind it, heads first, so a batch can carry many
+-- events of one aggregate without ever skipping one. The head test reads a
+-- snapshot that may be stale, but staleness only makes it stricter:
+-- an event never goes from PUBLISHED back to unpublished.
+-- name: ClaimLocked :many
+WITH heads AS (
+    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
+    FROM outbox_event o
+    WHERE o.status = 'PENDING' AND o.available_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_event p
+          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+            AND p.aggregate_seq < o.aggregate_seq AND p.status <> 'PUBLISHED')
+    ORDER BY o.id
+    LIMIT sqlc.arg(batch_size)::int
+    FOR UPDATE SKIP LOCKED
+),
+per_head AS (
+    SELECT (sqlc.arg(batch_size)::int / greatest(count(*), 1))::int AS n FROM heads
+),
+run AS (
+    SELECT r.id,
+           row_number() OVER w AS pos,
+           bool_and(r.status = 'PENDING' AND r.available_at <= now()) OVER w AS ok
+    FROM heads h
+    CROSS JOIN LATERAL (
+        SELECT e.id, e.aggregate_seq, e.status, e.available_at
+        FROM outbox_event e
+        WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id
+          AND e.aggregate_seq > h.aggregate_seq AND e.status <> 'PUBLISHED'
+        ORDER BY e.aggregate_seq
+        LIMIT (SELECT n FROM per_head)
+    ) r
+    WINDOW w AS (PARTITION BY h.id ORDER BY r.aggregate_seq)
+),
+claim AS (
+    SELECT c.id FROM (
+        SELECT heads.id, 0::bigint AS pos FROM heads
+        UNION ALL
+        SELECT run.id, run.pos FROM run WHERE run.ok
+    ) c
+    ORDER BY c.pos, c.id
+    LIMIT sqlc.arg(batch_size)::int
+)
+SELECT e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
+       e.payload, e.headers, e.attempts, e.created_at
+FROM outbox_event e
+WHERE e.id IN (SELECT claim.id FROM claim);
+
+-- ClaimLease is the two-phase claim: the same selection as ClaimLocked,
+-- moved to PUBLISHING under a lease (owner, token, locked_at) and committed
+-- at once. attempts counts claims, so a relay that dies mid-publish has
+-- used an attempt.
+-- name: ClaimLease :many
+WITH heads AS (
+    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
+    FROM outbox_event o
+    WHERE o.status = 'PENDING' AND o.available_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_event p
+          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+            AND p.aggregate_seq < o.aggregate_seq AND p.status <> 'PUBLISHED')
+    ORDER BY o.id
+    LIMIT sqlc.arg(batch_size)::int
+    FOR UPDATE SKIP LOCKED
+),
+per_head AS (
+    SELECT (sqlc.arg(batch_size)::int / greatest(count(*), 1))::int AS n FROM heads
+),
+run AS (
+    SELECT r.id,
+           row_number() OVER w AS pos,
+           bool_and(r.status = 'PENDING' AND r.available_at <= now()) OVER w AS ok
+    FROM heads h
+    CROSS JOIN LATERAL (
+        SELECT e.id, e.aggregate_seq, e.status, e.available_at
+        FROM outbox_event e
+        WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id
+          AND e.aggregate_seq > h.aggregate_seq AND e.status <> 'PUBLISHED'
+        ORDER BY e.aggregate_seq
+        LIMIT (SELECT n FROM per_head)
+    ) r
+    WINDOW w AS (PARTITION BY h.id ORDER BY r.aggregate_seq)
+),
+claim AS (
+    SELECT c.id FROM (
+        SELECT heads.id, 0::bigint AS pos FROM heads
+        UNION ALL
+        SELECT run.id, run.pos FROM run WHERE run.ok
+    ) c
+    ORDER BY c.pos, c.id
+    LIMIT sqlc.arg(batch_size)::int
+)
+UPDATE outbox_event e
+SET status = 'PUBLISHING', lease_owner = sqlc.arg(owner)::text, lease_token = sqlc.arg(token)::bigint,
+    locked_at = now(), attempts = e.attempts + 1
+WHERE e.id IN (SELECT claim.id FROM claim)
+RETURNING e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
+          e.payload, e.headers, e.attempts, e.created_at;
+
+-- name: MarkPublishedLocked :execrows
+UPDATE outbox_event
+SET status = 'PUBLISHED', published_at = now(), attempts = attempts + 1
+WHERE id = ANY(sqlc.arg(ids)::bigint[]) AND status = 'PENDING';
+
+-- MarkFailedLocked records publish failures in at-least-once mode.
+-- name: MarkFailedLocked :execrows
+UPDATE outbox_event e
+SET attempts = e.attempts + 1,
+    last_error = u.err,
+    available_at = now() + u.delay_ms * interval '1 millisecond',
+    status = CASE WHEN e.attempts + 1 >= sqlc.arg(max_attempts)::int THEN 'DEAD' ELSE 'PENDING' END
+FROM (SELECT unnest(sqlc.arg(ids)::bigint[]) AS id, unnest(sqlc.arg(errs)::text[]) AS err,
+             unnest(sqlc.arg(delays_ms)::bigint[]) AS delay_ms) u
+WHERE e.id = u.id AND e.status = 'PENDING';
+
+-- MarkPublishedLease completes a two-phase batch. The token guard makes a
+-- relay whose lease was reaped (and perhaps re-claimed by another relay)
+-- change nothing.
+-- name: MarkPublishedLease :execrows
+UPDATE outbox_event
+SET status = 'PUBLISHED', published_at = now(), lease_owner = NULL, lease_token = NULL, locked_at = NULL
+WHERE id = ANY(sqlc.arg(ids)::bigint[]) AND status = 'PUBLISHING' AND lease_token = sqlc.arg(token)::bigint;
+
+-- MarkFailedLease returns failed (counted) and held-back (not counted)
+-- events of a two-phase batch to PENDING, or DEAD at the attempt limit.
+-- name: MarkFailedLease :execrows
+UPDATE outbox_event e
+SET attempts = CASE WHEN u.counted THEN e.attempts ELSE e.attempts - 1 END,
+    last_error = CASE WHEN u.counted THEN u.err ELSE e.last_error END,
+    available_at = now() + u.delay_ms * interval '1 millisecond',
+    status = CASE WHEN u.counted AND e.attempts >= sqlc.arg(max_attempts)::int THEN 'DEAD' ELSE 'PENDING' END,
+    lease_owner = NULL, lease_token = NULL, locked_at = NULL
+FROM (SELECT unnest(sqlc.arg(ids)::bigint[]) AS id, unnest(sqlc.arg(errs)::text[]) AS err,
+             unnest(sqlc.arg(delays_ms)::bigint[]) AS delay_ms, unnest(sqlc.arg(counted)::bool[]) AS counted) u
+WHERE e.id = u.id AND e.status = 'PUBLISHING' AND e.lease_token = sqlc.arg(token)::bigint;
+
+-- ReapLeases returns expired leases to PENDING with attempts preserved, or
+-- to DEAD when the attempts are used up.
+-- name: ReapLeases :execrows
+UPDATE outbox_event
+SET status = CASE WHEN attempts >= sqlc.arg(max_attempts)::int THEN 'DEAD' ELSE 'PENDING' END,
+    last_error = 'outbox: lease of ' || coalesce(lease_owner, '?') || ' expired',
+    lease_owner = NULL, lease_token = NULL, locked_at = NULL
+WHERE status = 'PUBLISHING' AND locked_at < now() - sqlc.arg(ttl_ms)::bigint * interval '1 millisecond';
+
+-- name: PurgePublished :execrows
+DELETE FROM outbox_event
+WHERE id IN (
+    SELECT o.id FROM outbox_event o
+    WHERE o.status = 'PUBLISHED' AND o.published_at < now() - sqlc.arg(retention_ms)::bigint * interval '1 millisecond'
+    ORDER BY o.published_at
+    LIMIT sqlc.arg(batch_size)::int
+);
+
+-- name: Status :one
+SELECT
+    count(*) FILTER (WHERE status = 'PENDING')::bigint AS pending,
+    count(*) FILTER (WHERE status = 'PUBLISHING')::bigint AS publishing,
+    count(*) FILTER (WHERE status = 'PUBLISHED')::bigint AS published,
+    count(*) FILTER (WHERE status = 'DEAD')::bigint AS dead,
+    count(*) FILTER (WHERE status = 'PUBLISHING'
+                     AND locked_at < now() - sqlc.arg(ttl_ms)::bigint * interval '1 millisecond')::bigint AS expired_leases,
+    coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'PENDING')), 0)::float8 AS oldest_pending_seconds
+FROM outbox_event;
+
+-- name: DeadEvents :many
+SELECT event_id, topic, aggregate_type, aggregate_id, aggregate_seq, event_type, attempts,
+       coalesce(last_error, '')::text AS last_error, created_at
+FROM outbox_event
+WHERE status = 'DEAD'
+ORDER BY id
+LIMIT sqlc.arg(max_rows)::int;
+
+-- name: Requeue :execrows
+UPDATE outbox_event
+SET status = 'PENDING', attempts = 0, available_at = now()
+WHERE event_id = ANY(sqlc.arg(event_ids)::text[]) AND status = 'DEAD';

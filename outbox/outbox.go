@@ -1,0 +1,187 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem/outbox/internal/dbsqlc"
+)
+
+// Errors returned by this package. Use errors.Is.
+var (
+	// ErrInvalidMessage is returned by EnqueueTx when a Message lacks a
+	// required field; the error text names the field and the message index.
+	ErrInvalidMessage = errors.New("outbox: invalid message")
+	// ErrInvalidConfig is returned by NewRelay when a RelayConfig field is
+	// out of range; the error text names the field.
+	ErrInvalidConfig = errors.New("outbox: invalid config")
+	// ErrLeaseLost is reported (logged, and returned by RunBatch) when a
+	// two-phase batch finished after its lease had been reaped: the token
+	// guard left the rows to their new owner.
+	ErrLeaseLost = errors.New("outbox: lease lost")
+)
+
+// DBTX is the narrow database interface EnqueueTx and the status helpers
+// accept. pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy it.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Message is one event to publish.
+type Message struct {
+	// Topic is the destination (a Kafka topic). Required.
+	Topic string
+	// AggregateType and AggregateID name the entity the event is about
+	// ("order", "42"). Events of one aggregate are published in enqueue
+	// order; AggregateID is the Kafka record key. Both required.
+	AggregateType string
+	AggregateID   string
+	// EventID identifies the event for consumers' deduplication (the
+	// event-id header). Generated (32 hex characters) when empty. Unique.
+	EventID string
+	// EventType is the event-type header. Required.
+	EventType string
+	// Payload is the record value. May be empty.
+	Payload []byte
+	// Headers are extra record headers. May be nil.
+	Headers map[string]string
+}
+
+// Event is a Message as the relay hands it to a Publisher.
+type Event struct {
+	Message
+	// ID is the outbox row id.
+	ID int64
+	// Seq is the event's position in its aggregate, from 1, without gaps.
+	Seq int64
+	// Attempts is how many publish attempts this event had before this one.
+	Attempts int
+	// CreatedAt is when the event was enqueued.
+	CreatedAt time.Time
+}
+
+// Publisher delivers a batch of events: the relay makes one call per batch.
+//
+// Publish returns nil when every event was delivered, a *BatchError when
+// only some were, and any other error when none can be assumed delivered.
+// Events of one aggregate come in sequence order; if one of them fails, the
+// publisher must not deliver later events of that aggregate ahead of it
+// (the Kafka publisher keeps this through franz-go's per-partition
+// ordering: a failed record fails every later record of its partition).
+// ctx is the batch context: it carries the batch timeout and is not
+// cancelled by the relay's stop.
+type Publisher interface {
+	Publish(ctx context.Context, events []Event) error
+}
+
+// BatchError is a partial failure: Errs[i] is the error of events[i], nil
+// for a delivered event. len(Errs) must equal the batch length.
+type BatchError struct {
+	Errs []error
+}
+
+func (e *BatchError) Error() string {
+	n := 0
+	var first error
+	for _, err := range e.Errs {
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			n++
+		}
+	}
+	return fmt.Sprintf("outbox: %d of %d events failed: %v", n, len(e.Errs), first)
+}
+
+// NewEventID returns a random 128-bit event id in hex.
+func NewEventID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// EnqueueTx writes msgs to the outbox in tx, one statement for the whole
+// slice, and returns their event ids (generated where empty) in order.
+//
+// Atomicity: the events are part of tx. Nothing is visible to a relay, or
+// published, unless tx commits; a rollback leaves no trace, not even a gap
+// in the aggregate sequence. Relays are woken by a NOTIFY sent at commit.
+//
+// Ordering: each event gets the next sequence number of its aggregate. The
+// aggregate's counter row stays locked until tx ends, so a concurrent
+// transaction enqueueing for the same aggregate waits for tx; sequence
+// order is commit order. Keep transactions that enqueue short. Under
+// REPEATABLE READ or SERIALIZABLE such a concurrent enqueue fails with a
+// serialization error and must be retried, as usual at those levels.
+func EnqueueTx(ctx context.Context, tx DBTX, msgs ...Message) ([]string, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	p := dbsqlc.EnqueueParams{
+		Topics:         make([]string, len(msgs)),
+		AggregateTypes: make([]string, len(msgs)),
+		AggregateIds:   make([]string, len(msgs)),
+		EventIds:       make([]string, len(msgs)),
+		EventTypes:     make([]string, len(msgs)),
+		Payloads:       make([][]byte, len(msgs)),
+		Headers:        make([]string, len(msgs)),
+	}
+	for i, m := range msgs {
+		switch {
+		case m.Topic == "":
+			return nil, fmt.Errorf("%w: message %d: Topic is empty", ErrInvalidMessage, i)
+		case m.AggregateType == "":
+			return nil, fmt.Errorf("%w: message %d: AggregateType is empty", ErrInvalidMessage, i)
+		case m.AggregateID == "":
+			return nil, fmt.Errorf("%w: message %d: AggregateID is empty", ErrInvalidMessage, i)
+		case m.EventType == "":
+			return nil, fmt.Errorf("%w: message %d: EventType is empty", ErrInvalidMessage, i)
+		}
+		if m.EventID == "" {
+			m.EventID = NewEventID()
+		}
+		h := []byte("{}")
+		if len(m.Headers) > 0 {
+			var err error
+			if h, err = json.Marshal(m.Headers); err != nil {
+				return nil, fmt.Errorf("%w: message %d: Headers: %v", ErrInvalidMessage, i, err)
+			}
+		}
+		payload := m.Payload
+		if payload == nil {
+			payload = []byte{}
+		}
+		p.Topics[i], p.AggregateTypes[i], p.AggregateIds[i] = m.Topic, m.AggregateType, m.AggregateID
+		p.EventIds[i], p.EventTypes[i], p.Payloads[i], p.Headers[i] = m.EventID, m.EventType, payload, string(h)
+	}
+	if _, err := dbsqlc.New(tx).Enqueue(ctx, p); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "outbox_event_event_id_key" {
+			return nil, fmt.Errorf("%w: duplicate EventID: %v", ErrInvalidMessage, pgErr.Detail)
+		}
+		return nil, fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	return p.EventIds, nil
+}
+
+func decodeHeaders(raw []byte) map[string]string {
+	if len(raw) == 0 || string(raw) == "{}" {
+		return nil
+	}
+	var h map[string]string
+	if json.Unmarshal(raw, &h) != nil {
+		return nil
+	}
+	return h
+}
