@@ -1,0 +1,360 @@
+package idemtest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Run performs every check against target, one after another, and returns
+// the report. ctx bounds the whole run; a cancelled ctx fails the checks in
+// flight. The error is non-nil only for a Target that cannot be checked
+// (ErrNoTarget, ErrTwoTargets, ErrInvalidTarget); a failing endpoint is a
+// report with failed checks, never an error.
+func Run(ctx context.Context, target Target) (*Report, error) {
+	r, err := newRunner(target)
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+	rep := &Report{Target: r.t.Method + " " + r.url}
+	for _, c := range checks {
+		rep.Results = append(rep.Results, r.run(ctx, c))
+	}
+	return rep, nil
+}
+
+// Check runs every check against target as a subtest of t, named after the
+// check: a failed check fails its subtest with the evidence, a skipped one
+// is skipped with the reason. It returns the report.
+func Check(t *testing.T, target Target) *Report {
+	t.Helper()
+	r, err := newRunner(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.close()
+	rep := &Report{Target: r.t.Method + " " + r.url}
+	for _, c := range checks {
+		t.Run(c.name, func(t *testing.T) {
+			res := r.run(t.Context(), c)
+			rep.Results = append(rep.Results, res)
+			switch res.Status {
+			case Fail:
+				t.Error(res.String())
+			case Skip:
+				t.Skip(res.String())
+			default:
+				t.Log(res.String())
+			}
+		})
+	}
+	return rep
+}
+
+type check struct {
+	name  string
+	title string
+	fn    func(ctx context.Context, r *runner, res *Result)
+}
+
+type runner struct {
+	t      Target
+	url    string
+	client *http.Client
+	close  func()
+	// baselineFailed makes every later check skip.
+	baselineFailed bool
+}
+
+func newRunner(target Target) (*runner, error) {
+	t, err := target.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	r := &runner{t: t, url: t.URL, client: t.Client, close: func() {}}
+	var srv *httptest.Server
+	if t.Handler != nil {
+		srv = httptest.NewServer(t.Handler)
+		r.url = srv.URL + "/" + strings.TrimPrefix(t.Path, "/")
+	}
+	var own *http.Transport
+	if r.client == nil {
+		own = http.DefaultTransport.(*http.Transport).Clone()
+		// Every racing request gets its own connection, so that they
+		// really arrive together.
+		own.MaxIdleConnsPerHost = t.Concurrency + 2
+		r.client = &http.Client{Transport: own}
+	}
+	r.close = func() {
+		if own != nil {
+			own.CloseIdleConnections()
+		}
+		if srv != nil {
+			srv.Close()
+		}
+	}
+	return r, nil
+}
+
+func (r *runner) run(ctx context.Context, c check) Result {
+	res := Result{Name: c.name, Title: c.title}
+	start := time.Now()
+	if r.baselineFailed {
+		res.Status, res.Reason = Skip, "baseline failed: nothing else can be judged"
+	} else {
+		c.fn(ctx, r, &res)
+	}
+	res.DurationMs = ms(time.Since(start))
+	if c.name == CheckBaseline && res.Status != Pass {
+		r.baselineFailed = true
+	}
+	return res
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// newKey returns a fresh key, unique to this run and check.
+func newKey(prefix string) string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "idemtest-" + prefix + "-" + hex.EncodeToString(b[:])
+}
+
+// reqOpts shape one request.
+type reqOpts struct {
+	label string
+	key   *string // nil: no key header
+	body  []byte
+	// header is set over the Target's Header (PrincipalB, FaultHeader).
+	header http.Header
+}
+
+func withKey(k string) *string { return &k }
+
+// response is what one request returned.
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+	code   string
+	dur    time.Duration
+	err    error
+}
+
+func (p response) ok() bool       { return p.err == nil && p.status >= 200 && p.status < 300 }
+func (p response) replayed() bool { return strings.EqualFold(p.header.Get(ReplayHeader), "true") }
+
+// inProgress reports a 409 that is not a fingerprint mismatch.
+func (p response) inProgress() bool {
+	if p.err != nil || p.status != http.StatusConflict {
+		return false
+	}
+	return p.code == "" || p.code == "IDEMPOTENCY_KEY_IN_PROGRESS"
+}
+
+// sameAs reports an identical status and body.
+func (p response) sameAs(q response) bool {
+	return p.err == nil && q.err == nil && p.status == q.status && bytes.Equal(p.body, q.body)
+}
+
+func (p response) describe() string {
+	if p.err != nil {
+		return "error: " + p.err.Error()
+	}
+	s := strconv.Itoa(p.status)
+	if p.code != "" {
+		s += " " + p.code
+	}
+	if p.replayed() {
+		s += " (replayed)"
+	}
+	return s
+}
+
+// do sends one request and records it as evidence of res.
+func (r *runner) do(ctx context.Context, res *Result, o reqOpts) response {
+	p := r.send(ctx, o)
+	res.Evidence = append(res.Evidence, exchange(o, p))
+	return p
+}
+
+func exchange(o reqOpts, p response) Exchange {
+	e := Exchange{
+		Label:      o.label,
+		Status:     p.status,
+		Code:       p.code,
+		Replayed:   p.replayed(),
+		RetryAfter: p.header.Get("Retry-After"),
+		BodyBytes:  len(p.body),
+		Ms:         ms(p.dur),
+	}
+	if o.key != nil {
+		e.Key = shortKey(*o.key)
+	}
+	if p.err != nil {
+		e.Error = p.err.Error()
+	}
+	return e
+}
+
+// shortKey keeps evidence readable: long keys are cut, control characters
+// quoted.
+func shortKey(k string) string {
+	q := strconv.QuoteToASCII(k)
+	q = q[1 : len(q)-1]
+	if len(q) > 48 {
+		return fmt.Sprintf("%s…(%d chars)", q[:32], len(k))
+	}
+	return q
+}
+
+func (r *runner) send(ctx context.Context, o reqOpts) response {
+	ctx, cancel := context.WithTimeout(ctx, r.t.RequestTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, r.t.Method, r.url, bytes.NewReader(o.body))
+	if err != nil {
+		return response{err: err, header: http.Header{}}
+	}
+	req.Header = r.t.Header.Clone()
+	for k, v := range o.header {
+		req.Header[k] = append([]string(nil), v...)
+	}
+	if o.key != nil {
+		// Set directly: the header may legitimately be empty or odd here.
+		req.Header[http.CanonicalHeaderKey(r.t.KeyHeader)] = []string{*o.key}
+	}
+	start := time.Now()
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return response{err: err, dur: time.Since(start), header: http.Header{}}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	p := response{status: resp.StatusCode, header: resp.Header, body: body, dur: time.Since(start), err: err}
+	if strings.Contains(resp.Header.Get("Content-Type"), "json") {
+		var prob struct {
+			Code string `json:"code"`
+		}
+		if json.Unmarshal(body, &prob) == nil {
+			p.code = prob.Code
+		}
+	}
+	return p
+}
+
+// counter reads the execution count, if the Target gives one.
+type counter struct {
+	r      *runner
+	before int64
+	has    bool
+	err    error
+}
+
+// startCount reads the count before a check's requests.
+func (r *runner) startCount(ctx context.Context) *counter {
+	c := &counter{r: r}
+	c.before, c.has, c.err = r.count(ctx)
+	return c
+}
+
+// delta reads the count again and returns how many executions happened
+// since startCount.
+func (c *counter) delta(ctx context.Context) (int64, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	after, _, err := c.r.count(ctx)
+	return after - c.before, err
+}
+
+func (r *runner) count(ctx context.Context) (int64, bool, error) {
+	switch {
+	case r.t.Count != nil:
+		n, err := r.t.Count(ctx)
+		if err != nil {
+			return 0, true, fmt.Errorf("%w: %v", ErrCountReadBack, err)
+		}
+		return n, true, nil
+	case r.t.CountURL != "":
+		n, err := r.countURL(ctx)
+		if err != nil {
+			return 0, true, fmt.Errorf("%w: GET %s: %v", ErrCountReadBack, r.t.CountURL, err)
+		}
+		return n, true, nil
+	}
+	return 0, false, nil
+}
+
+func (r *runner) countURL(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.t.RequestTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.t.CountURL, nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Header = r.t.Header.Clone()
+	req.Header.Del("Content-Type")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return 0, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return parseCount(body)
+}
+
+// parseCount understands a number, an array, {"count":n} and an object
+// whose first array member (in name order) holds the executions.
+func parseCount(body []byte) (int64, error) {
+	var v any
+	d := json.NewDecoder(bytes.NewReader(body))
+	d.UseNumber()
+	if err := d.Decode(&v); err != nil {
+		if n, err := strconv.ParseInt(strings.TrimSpace(string(body)), 10, 64); err == nil {
+			return n, nil
+		}
+		return 0, errCountUnparsed
+	}
+	switch x := v.(type) {
+	case json.Number:
+		return x.Int64()
+	case []any:
+		return int64(len(x)), nil
+	case map[string]any:
+		if n, ok := x["count"].(json.Number); ok {
+			return n.Int64()
+		}
+		names := make([]string, 0, len(x))
+		for k := range x {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		for _, k := range names {
+			switch a := x[k].(type) {
+			case []any:
+				return int64(len(a)), nil
+			case nil: // an empty list encoded as null
+				return 0, nil
+			}
+		}
+	}
+	return 0, errCountUnparsed
+}

@@ -1,0 +1,237 @@
+package idemtest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sort"
+	"time"
+)
+
+// Defaults of Target.
+const (
+	// MethodDefault is the method checked when Target.Method is empty.
+	MethodDefault = http.MethodPost
+	// KeyHeaderDefault is the header carrying the key.
+	KeyHeaderDefault = "Idempotency-Key"
+	// ReplayHeader is the marker a replayed response carries (reported,
+	// not required).
+	ReplayHeader = "Idempotent-Replayed"
+	// ConcurrencyDefault is how many requests race on one key.
+	ConcurrencyDefault = 10
+	// RequestTimeoutDefault bounds each request.
+	RequestTimeoutDefault = 30 * time.Second
+	// HoldTimeoutDefault bounds how long retry-after keeps the endpoint
+	// held while waiting for an in-progress answer.
+	HoldTimeoutDefault = 3 * time.Second
+	// SettleTimeoutDefault bounds how long a check waits for an
+	// in-progress key to complete (concurrency) or an expired key to
+	// become usable again (expiry, on top of TTL).
+	SettleTimeoutDefault = 10 * time.Second
+)
+
+// MaxKeyLength is the longest key the semantics allow (1–255 visible ASCII
+// characters).
+const MaxKeyLength = 255
+
+// Errors returned by Run for a Target that cannot be checked.
+var (
+	ErrNoTarget      = errors.New("idemtest: Target needs URL or Handler")
+	ErrTwoTargets    = errors.New("idemtest: Target has both URL and Handler")
+	ErrInvalidTarget = errors.New("idemtest: invalid Target")
+	ErrCountReadBack = errors.New("idemtest: count read-back failed")
+	errCountUnparsed = errors.New("no count in the response")
+)
+
+// Target is the endpoint under test and what the checks may use.
+type Target struct {
+	// URL is the endpoint's absolute http or https URL. Exactly one of URL
+	// and Handler is required.
+	URL string
+	// Handler is served on a loopback httptest server for the duration of
+	// Run (requests go to its root path plus Path).
+	Handler http.Handler
+	// Path is appended to the httptest server's URL when Handler is set.
+	// Defaults to "/".
+	Path string
+	// Client sends every request. Defaults to a client of Run's own, whose
+	// idle connections are closed when Run returns.
+	Client *http.Client
+	// Method is the method checked. Defaults to POST.
+	Method string
+	// Body is a request body that the endpoint accepts with a 2xx.
+	// Defaults to empty.
+	Body []byte
+	// AltBody is a second valid body, different from Body, for the
+	// mismatch and expiry checks. Defaults to Body with its first JSON
+	// number incremented (or, for a JSON object without numbers, a member
+	// "idemtest_variant" added; for other bodies, "-idemtest" appended).
+	AltBody []byte
+	// Header is sent on every request: the first principal's credentials,
+	// Content-Type and the like. Defaults to Content-Type: application/json
+	// when Body is JSON and no Content-Type is given.
+	Header http.Header
+	// PrincipalB is set over Header (each name replaces Header's values) to
+	// act as a second principal, e.g. Authorization: Bearer demo-bob.
+	// Defaults to none: the principals check is skipped.
+	PrincipalB http.Header
+	// KeyHeader is the header carrying the key. Defaults to
+	// "Idempotency-Key".
+	KeyHeader string
+	// Concurrency is how many requests race on one key. Defaults to 10.
+	Concurrency int
+	// Count reads back how many times the endpoint has executed (a ledger
+	// length, a row count). Checks compare it before and after. Defaults to
+	// CountURL, and without either, execution counts are inferred from the
+	// responses.
+	Count func(ctx context.Context) (int64, error)
+	// CountURL is fetched with GET and Header; its body is a JSON number, a
+	// JSON array (its length), an object with a numeric "count" member, or
+	// an object whose first array member (in name order) is counted, such
+	// as paysim's {"charges":[…]}. Used when Count is nil. Defaults to none.
+	CountURL string
+	// Hold, when set, makes the endpoint's executions block until release
+	// is called, so that the in-progress answer is observed for sure (see
+	// Gate). Defaults to none: retry-after races requests instead and may
+	// be skipped when the endpoint is too fast.
+	Hold func() (release func())
+	// FaultHeader, added to a request, makes the endpoint answer 5xx
+	// without executing (a test-only fault switch). Defaults to none: the
+	// server-error-released check is skipped.
+	FaultHeader http.Header
+	// TTL is the key retention the endpoint is configured with. Defaults to
+	// zero: the expiry check is skipped.
+	TTL time.Duration
+	// RequestTimeout bounds each request. Defaults to 30s.
+	RequestTimeout time.Duration
+	// HoldTimeout bounds how long the endpoint is held waiting for an
+	// in-progress answer. Defaults to 3s.
+	HoldTimeout time.Duration
+	// SettleTimeout bounds waits for an in-progress key to complete and for
+	// an expired key to become usable (after TTL). Defaults to 10s.
+	SettleTimeout time.Duration
+}
+
+// withDefaults validates t and fills in defaults; the error names the bad
+// field.
+func (t Target) withDefaults() (Target, error) {
+	switch {
+	case t.URL == "" && t.Handler == nil:
+		return t, ErrNoTarget
+	case t.URL != "" && t.Handler != nil:
+		return t, ErrTwoTargets
+	}
+	if t.URL != "" {
+		u, err := url.Parse(t.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return t, fmt.Errorf("%w: URL %q is not an absolute http(s) URL", ErrInvalidTarget, t.URL)
+		}
+	}
+	if t.CountURL != "" {
+		u, err := url.Parse(t.CountURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return t, fmt.Errorf("%w: CountURL %q is not an absolute http(s) URL", ErrInvalidTarget, t.CountURL)
+		}
+	}
+	if t.Method == "" {
+		t.Method = MethodDefault
+	}
+	if t.KeyHeader == "" {
+		t.KeyHeader = KeyHeaderDefault
+	}
+	if t.Path == "" {
+		t.Path = "/"
+	}
+	if t.Concurrency == 0 {
+		t.Concurrency = ConcurrencyDefault
+	}
+	if t.Concurrency < 2 {
+		return t, fmt.Errorf("%w: Concurrency %d must be at least 2", ErrInvalidTarget, t.Concurrency)
+	}
+	if t.TTL < 0 {
+		return t, fmt.Errorf("%w: TTL %s is negative", ErrInvalidTarget, t.TTL)
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"RequestTimeout", &t.RequestTimeout, RequestTimeoutDefault},
+		{"HoldTimeout", &t.HoldTimeout, HoldTimeoutDefault},
+		{"SettleTimeout", &t.SettleTimeout, SettleTimeoutDefault},
+	} {
+		if *d.v < 0 {
+			return t, fmt.Errorf("%w: %s %s is negative", ErrInvalidTarget, d.name, *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	t.Header = t.Header.Clone()
+	if t.Header == nil {
+		t.Header = http.Header{}
+	}
+	if t.Header.Get("Content-Type") == "" && len(t.Body) > 0 && json.Valid(t.Body) {
+		t.Header.Set("Content-Type", "application/json")
+	}
+	if t.AltBody == nil {
+		t.AltBody = altBody(t.Body)
+	}
+	if string(t.AltBody) == string(t.Body) {
+		return t, fmt.Errorf("%w: AltBody must differ from Body", ErrInvalidTarget)
+	}
+	return t, nil
+}
+
+// altBody derives a second body that any fingerprint (bytes, or canonical
+// JSON) tells apart from body, and that a typical handler still accepts.
+func altBody(body []byte) []byte {
+	var v any
+	if len(body) > 0 && json.Unmarshal(body, &v) == nil {
+		if bumpFirstNumber(&v) {
+			if b, err := json.Marshal(v); err == nil {
+				return b
+			}
+		}
+		if m, ok := v.(map[string]any); ok {
+			m["idemtest_variant"] = 1
+			if b, err := json.Marshal(m); err == nil {
+				return b
+			}
+		}
+	}
+	return append(append([]byte{}, body...), "-idemtest"...)
+}
+
+// bumpFirstNumber adds one to the first number found (object members in
+// name order, depth first) and reports whether it found one.
+func bumpFirstNumber(v *any) bool {
+	switch x := (*v).(type) {
+	case float64:
+		*v = x + 1
+		return true
+	case map[string]any:
+		names := make([]string, 0, len(x))
+		for k := range x {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		for _, k := range names {
+			e := x[k]
+			if bumpFirstNumber(&e) {
+				x[k] = e
+				return true
+			}
+		}
+	case []any:
+		for i := range x {
+			if bumpFirstNumber(&x[i]) {
+				return true
+			}
+		}
+	}
+	return false
+}
