@@ -1,15 +1,23 @@
 -- Incoming Idempotency-Key records (package idempotency).
 --
--- key_hash is SHA-256 over (scope, method, route, key): the key itself is
--- never stored in clear. A row is either claimed (locked_until set, no
--- response yet) or completed (response_* set). The fence token increases on
--- every takeover so that a late original cannot overwrite the new owner.
+-- key_hash is SHA-256 over (scope, method, route, key): neither the key nor
+-- the principal is stored in clear. A row is
+--   claimed   a handler owns it until locked_until (database time);
+--   released  the last run ended without a storable response (5xx, 408, 429,
+--             panic, client gone): the next request with the same
+--             fingerprint claims it again at once;
+--   completed response_* hold the answer replayed until expires_at.
+-- fence comes from a sequence, so it increases on every claim and takeover
+-- of a key and is never reused, even after a purge: a late original whose
+-- claim was taken over cannot overwrite the new owner's result.
+CREATE SEQUENCE idempotency_key_fence_seq;
+
 CREATE TABLE idempotency_key (
     key_hash         bytea       PRIMARY KEY,
     fingerprint      bytea       NOT NULL,
     state            text        NOT NULL DEFAULT 'claimed'
-                                 CHECK (state IN ('claimed', 'completed')),
-    fence            bigint      NOT NULL DEFAULT 1,
+                                 CHECK (state IN ('claimed', 'released', 'completed')),
+    fence            bigint      NOT NULL DEFAULT nextval('idempotency_key_fence_seq'),
     locked_until     timestamptz,
     response_status  integer,
     response_headers jsonb,

@@ -1,0 +1,106 @@
+package idempotency
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+)
+
+// ErrNotJSON is returned by CanonicalJSON for input that is not exactly one
+// JSON value.
+var ErrNotJSON = errors.New("idempotency: body is not one JSON value")
+
+// CanonicalJSON re-encodes one JSON value with object members sorted by key,
+// no insignificant whitespace and no HTML escaping, so that two bodies that
+// differ only in member order or spacing canonicalise to the same bytes.
+// Numbers keep their literal text (1.0 and 1 differ). Invalid JSON or
+// trailing data is ErrNotJSON; it never panics.
+func CanonicalJSON(b []byte) ([]byte, error) {
+	v, err := decodeJSON(b)
+	if err != nil {
+		return nil, err
+	}
+	return encodeJSON(v)
+}
+
+func decodeJSON(b []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, ErrNotJSON
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, ErrNotJSON
+	}
+	return v, nil
+}
+
+func encodeJSON(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	// encoding/json sorts map keys; json.Number keeps the literal.
+	if err := enc.Encode(v); err != nil {
+		return nil, ErrNotJSON
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+func isJSON(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
+// fingerprint hashes method, path (with query), the configured headers and
+// the body: canonical JSON for a JSON content type that parses, else the
+// raw bytes. Every part is length-prefixed.
+func (c *config) fingerprint(r *http.Request, body []byte) Fingerprint {
+	h := sha256.New()
+	var n [8]byte
+	part := func(b []byte) {
+		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	part([]byte(r.Method))
+	part([]byte(r.URL.EscapedPath()))
+	part([]byte(r.URL.RawQuery))
+	for _, name := range c.FingerprintHeaders {
+		part([]byte(strings.Join(r.Header.Values(name), "\x00")))
+	}
+	if isJSON(r.Header.Get("Content-Type")) {
+		if v, err := decodeJSON(body); err == nil {
+			if obj, ok := v.(map[string]any); ok && len(c.FingerprintFields) > 0 {
+				sel := make(map[string]any, len(c.FingerprintFields))
+				for _, f := range c.FingerprintFields {
+					if fv, ok := obj[f]; ok {
+						sel[f] = fv
+					}
+				}
+				v = sel
+			}
+			if canon, err := encodeJSON(v); err == nil {
+				part([]byte("json"))
+				part(canon)
+				var fp Fingerprint
+				h.Sum(fp[:0])
+				return fp
+			}
+		}
+	}
+	part([]byte("raw"))
+	part(body)
+	var fp Fingerprint
+	h.Sum(fp[:0])
+	return fp
+}
