@@ -21,9 +21,9 @@ type Middleware struct {
 	txs   TxStore
 	cfg   *config
 
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-	done    chan struct{}
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // New returns a Middleware over store. cfg must set Scope; other fields
