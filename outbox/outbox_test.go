@@ -191,7 +191,7 @@ func TestOutOfOrderCommitsNotSkipped(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer tx1.Rollback(ctx) //nolint:errcheck
+			defer tx1.Rollback(ctx)                                            //nolint:errcheck
 			if _, err := outbox.EnqueueTx(ctx, tx1, msg("a", 1)); err != nil { // lower id, commits last
 				t.Fatal(err)
 			}
