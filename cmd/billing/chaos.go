@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/idemkit/idem/examples/billing/chaos"
+	"github.com/idemkit/idem/internal/cli"
+	"github.com/idemkit/idem/internal/pgtemp"
+)
+
+func init() {
+	register(&cli.Command{Name: "chaos", Summary: "crash billing at random under load and audit every charge", Run: runChaos})
+}
+
+const chaosUsage = `Usage: billing chaos [flags]
+
+Runs everything as child processes: a devkafka broker with a data directory
+(or KAFKA_BROKERS), paysim with faults, and --instances billing servers on
+DATABASE_URL (else the local server), each run in a fresh schema. A load
+driver creates and confirms orders and creates payments, retrying every POST
+with the same Idempotency-Key on timeouts, 5xx and 409 in-progress, and
+sometimes sending a duplicate at once. At seeded random moments billing
+instances are SIGKILLed or SIGTERMed and restarted, and the broker restarted.
+Then it waits until every order and payment is final and audits paysim's
+ledger: every confirmed order and accepted payment charged exactly once with
+the right amount, no charge without one, every replayed answer identical to
+the first. Exit status 1 on any violation.
+
+--unsafe=LAYER switches one protection off to prove the audit can fail:
+key (the driver sends a fresh key on every retry), inbox, fingerprint or
+lease (passed to billing as BILLING_UNSAFE).
+
+The idem binary (devkafka, paysim) is --idem-bin, else IDEM_BIN, else idem
+beside this binary, else built with 'go build' when run inside the idem
+module, else idem on PATH.`
+
+// harnessFlags are the flags billing chaos and billing demo share.
+type harnessFlags struct {
+	cfg     chaos.Config
+	jsonOut bool
+	idemBin string
+	keep    bool
+}
+
+func addHarnessFlags(fs *flag.FlagSet, def chaos.Config) *harnessFlags {
+	h := &harnessFlags{}
+	fs.IntVar(&h.cfg.Orders, "orders", def.Orders, "orders to create and confirm")
+	fs.IntVar(&h.cfg.Payments, "payments", def.Payments, "payments to create (each on its own order)")
+	fs.IntVar(&h.cfg.Instances, "instances", def.Instances, "billing serve instances")
+	fs.IntVar(&h.cfg.Kills, "kills", def.Kills, "billing instances to SIGKILL (and restart)")
+	fs.IntVar(&h.cfg.Terms, "terms", def.Terms, "billing instances to SIGTERM (and restart)")
+	fs.IntVar(&h.cfg.BrokerRestarts, "broker-restarts", def.BrokerRestarts, "broker restarts (needs the devkafka child: KAFKA_BROKERS empty)")
+	fs.Float64Var(&h.cfg.DropRate, "drop-rate", def.DropRate, "paysim: share of charges whose response is dropped after charging")
+	fs.Float64Var(&h.cfg.FailRate, "fail-rate", def.FailRate, "paysim: share of charges that fail before charging")
+	fs.Int64Var(&h.cfg.Seed, "seed", 0, "seed of every random choice (0: from the clock; the report prints it)")
+	fs.StringVar(&h.cfg.Unsafe, "unsafe", "", "switch one protection off: key, inbox, fingerprint or lease")
+	fs.IntVar(&h.cfg.Concurrency, "concurrency", chaos.ConcurrencyDefault, "driver workers")
+	fs.BoolVar(&h.jsonOut, "json", false, "print the report as one JSON object")
+	fs.StringVar(&h.idemBin, "idem-bin", os.Getenv("IDEM_BIN"), "idem binary (default: beside billing, else go build, else PATH)")
+	fs.BoolVar(&h.keep, "keep", false, "keep the work directory (logs, broker data) and the database schema")
+	return h
+}
+
+func runChaos(ctx context.Context, args []string) error {
+	fs := cli.FlagSet("chaos", chaosUsage)
+	h := addHarnessFlags(fs, chaos.Config{
+		Orders: 100, Payments: 50, Instances: 3, Kills: 3, Terms: 2, BrokerRestarts: 1,
+		DropRate: 0.2, FailRate: 0.1,
+	})
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return cli.Usagef("unexpected argument %q", fs.Arg(0))
+	}
+	return runHarness(ctx, h, false)
+}
+
+// runHarness resolves the binaries, the database and the broker, runs the
+// chaos and prints the report. pgtempFallback allows a throwaway cluster
+// when neither DATABASE_URL nor the local server is there (billing demo).
+func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error {
+	logf := func(format string, a ...any) {
+		fmt.Fprintf(os.Stderr, "%s %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, a...))
+	}
+	cfg := h.cfg
+	if cfg.Orders < 0 || cfg.Payments < 0 || cfg.Instances < 1 || cfg.Kills < 0 || cfg.Terms < 0 || cfg.BrokerRestarts < 0 {
+		return cli.Usagef("--orders, --payments, --kills, --terms and --broker-restarts must not be negative, --instances at least 1")
+	}
+	if cfg.Orders+cfg.Payments == 0 {
+		return cli.Usagef("--orders and --payments are both 0: nothing to do")
+	}
+	if cfg.DropRate < 0 || cfg.DropRate >= 1 || cfg.FailRate < 0 || cfg.FailRate >= 1 {
+		return cli.Usagef("--drop-rate and --fail-rate must be in [0, 1)")
+	}
+	switch cfg.Unsafe {
+	case "", chaos.UnsafeKey, chaos.UnsafeInbox, chaos.UnsafeFingerprint, chaos.UnsafeLease:
+	default:
+		return cli.Usagef("--unsafe %q: want key, inbox, fingerprint or lease", cfg.Unsafe)
+	}
+	if (cfg.Kills > 0 || cfg.Terms > 0) && cfg.Instances < 2 {
+		return cli.Usagef("--kills and --terms need --instances 2 or more (one instance always serves)")
+	}
+	cfg.KafkaBrokers = os.Getenv("KAFKA_BROKERS")
+	if cfg.KafkaBrokers != "" && cfg.BrokerRestarts > 0 {
+		if !pgtempFallback {
+			return cli.Usagef("--broker-restarts needs the embedded broker: unset KAFKA_BROKERS or pass --broker-restarts 0")
+		}
+		logf("KAFKA_BROKERS is set: no broker restarts")
+		cfg.BrokerRestarts = 0
+	}
+
+	work, err := os.MkdirTemp("", "billing-chaos-")
+	if err != nil {
+		return err
+	}
+	passed := false
+	defer func() {
+		if passed && !h.keep {
+			_ = os.RemoveAll(work)
+		}
+	}()
+	cfg.WorkDir = work
+
+	if cfg.IdemBin, err = chaos.LocateIdem(ctx, h.idemBin, work, logf); err != nil {
+		return err
+	}
+	if cfg.BillingBin, err = os.Executable(); err != nil {
+		return fmt.Errorf("locate the billing binary: %w", err)
+	}
+
+	base := os.Getenv("DATABASE_URL")
+	switch {
+	case base != "":
+		if err := chaos.Reachable(ctx, base, 10*time.Second); err != nil {
+			return fmt.Errorf("database %s is unreachable: %v", cli.Redact(base), err)
+		}
+	case chaos.Reachable(ctx, cli.DefaultDatabaseURL, 3*time.Second) == nil:
+		base = cli.DefaultDatabaseURL
+	case pgtempFallback:
+		logf("no DATABASE_URL and no server on 127.0.0.1:5432: starting a throwaway PostgreSQL cluster")
+		pg, err := pgtemp.Start(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer pg.Close()
+		base = pg.URL
+	default:
+		return fmt.Errorf("no DATABASE_URL and no PostgreSQL on 127.0.0.1:5432 (billing demo starts a throwaway one)")
+	}
+	dbURL, drop, err := chaos.FreshSchema(ctx, base)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if !h.keep {
+			_ = drop(context.Background())
+		}
+	}()
+	cfg.DatabaseURL = dbURL
+	logf("database %s", cli.Redact(dbURL))
+
+	cfg.Progress = os.Stderr
+	if st, err := os.Stderr.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+		cfg.ProgressTTY = true
+	}
+	rep, err := chaos.Run(ctx, &cfg)
+	if errors.Is(err, chaos.ErrConfig) {
+		return cli.Usagef("%v", err)
+	}
+	if rep != nil {
+		if h.jsonOut {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(rep)
+		} else {
+			rep.WriteText(os.Stdout)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("run failed: %v (logs in %s)", err, work)
+	}
+	if !rep.Pass {
+		return fmt.Errorf("%d violations (logs in %s)", len(rep.Violations), work)
+	}
+	passed = true
+	return nil
+}

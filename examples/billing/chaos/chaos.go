@@ -1,0 +1,508 @@
+package chaos
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Metric names read from billing's /metrics (examples/billing) and
+// paysim's. A missing metric is reported as n/a, not as zero.
+const (
+	// MetricInboxDuplicates counts events billing's inbox skipped as
+	// already processed.
+	MetricInboxDuplicates = "billing_inbox_duplicates_total"
+	// MetricCharges counts billing's charge attempts by outcome; the
+	// outcome="replayed" series are charges paysim answered from its
+	// idempotency store (billing's view of the provider key layer).
+	MetricCharges = "billing_charges_total"
+	// MetricPaysimReplays is paysim's own count of replayed charges, read
+	// from paysim's /metrics when it has one (preferred over billing's).
+	MetricPaysimReplays = "paysim_replays_total"
+)
+
+// run is the state of one chaos run.
+type run struct {
+	cfg    Config
+	rep    *Report
+	logDir string
+
+	broker    *proc
+	paysim    *proc
+	instances []*proc
+	drv       *driver
+	scr       *scraper
+	hc        *http.Client
+
+	vmu        sync.Mutex
+	violations []Violation
+
+	kills, terms, unclean, restarts, brokerRestarts atomic.Int64
+	progress                                        *progress
+}
+
+// Run starts the children, drives the load while killing and restarting
+// them, waits for quiescence and audits. The error is for a run that could
+// not be carried out (a child that does not start); violations are in the
+// report (Pass false). ctx cancels the run; children are stopped on return.
+func Run(ctx context.Context, cfg *Config) (*Report, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	r := &run{cfg: c, rep: &Report{
+		Seed: c.Seed, Unsafe: c.Unsafe, Orders: c.Orders, Payments: c.Payments,
+		Instances: c.Instances, DropRate: c.DropRate, FailRate: c.FailRate,
+	}}
+	tempWork := c.WorkDir == ""
+	if tempWork {
+		d, err := os.MkdirTemp("", "billing-chaos-")
+		if err != nil {
+			return nil, fmt.Errorf("chaos: %w", err)
+		}
+		r.cfg.WorkDir = d
+	}
+	r.logDir = filepath.Join(r.cfg.WorkDir, "logs")
+	if err := os.MkdirAll(r.logDir, 0o755); err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	r.hc = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}}
+	defer r.hc.CloseIdleConnections()
+	r.scr = newScraper(r.hc)
+	r.progress = newProgress(c.Progress, c.ProgressTTY)
+
+	err := r.execute(ctx)
+	r.stopAll()
+	r.rep.Violations = r.violations
+	if r.rep.Violations == nil {
+		r.rep.Violations = []Violation{}
+	}
+	r.rep.Pass = err == nil && len(r.violations) == 0
+	if tempWork && r.rep.Pass {
+		_ = os.RemoveAll(r.cfg.WorkDir)
+	} else {
+		r.rep.WorkDir = r.cfg.WorkDir
+	}
+	return r.rep, err
+}
+
+func (r *run) violation(v Violation) {
+	r.vmu.Lock()
+	r.violations = append(r.violations, v)
+	r.vmu.Unlock()
+}
+
+func (r *run) execute(ctx context.Context) error {
+	c := &r.cfg
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	runID := "chaos" + hex.EncodeToString(b[:])
+
+	brokers := c.KafkaBrokers
+	if brokers == "" {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		r.broker, err = newProc("devkafka", c.IdemBin,
+			[]string{"devkafka", "--data-dir", filepath.Join(c.WorkDir, "kafka"), "--port", strconv.Itoa(port), "--partitions", "3"},
+			nil, addr, r.logDir, tcpReady(addr))
+		if err != nil {
+			return err
+		}
+		r.progress.logf("starting devkafka on %s", addr)
+		if err := r.broker.start(ctx); err != nil {
+			return err
+		}
+		brokers = addr
+	}
+
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	paddr := "127.0.0.1:" + strconv.Itoa(port)
+	r.paysim, err = newProc("paysim", c.IdemBin,
+		[]string{"paysim",
+			"--drop-rate", strconv.FormatFloat(c.DropRate, 'f', -1, 64),
+			"--fail-rate", strconv.FormatFloat(c.FailRate, 'f', -1, 64),
+			"--seed", strconv.FormatInt(c.Seed, 10)},
+		[]string{"PAYSIM_ADDR=" + paddr, "DATABASE_URL=" + c.DatabaseURL}, paddr, r.logDir,
+		httpReady(r.hc, "http://"+paddr+"/ledger"))
+	if err != nil {
+		return err
+	}
+	r.progress.logf("starting paysim on %s (drop %.0f%%, fail %.0f%%)", paddr, c.DropRate*100, c.FailRate*100)
+	if err := r.paysim.start(ctx); err != nil {
+		return err
+	}
+
+	for i := range c.Instances {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		env := []string{
+			"DATABASE_URL=" + c.DatabaseURL,
+			"KAFKA_BROKERS=" + brokers,
+			"PAYMENT_URL=http://" + paddr,
+			"HTTP_ADDR=" + addr,
+			"SHUTDOWN_TIMEOUT=" + c.ShutdownTimeout.String(),
+			"BILLING_API_TOKENS=" + c.Token + ":" + PrincipalDefault,
+		}
+		if c.Unsafe != "" && c.Unsafe != UnsafeKey {
+			env = append(env, "BILLING_UNSAFE="+c.Unsafe)
+		}
+		env = append(env, c.Env...)
+		p, err := newProc(fmt.Sprintf("billing-%d", i+1), c.BillingBin, []string{"serve"}, env, addr, r.logDir,
+			httpReady(r.hc, "http://"+addr+"/readyz"))
+		if err != nil {
+			return err
+		}
+		r.instances = append(r.instances, p)
+	}
+	// One at a time: the first applies the migrations and creates the
+	// topics, the others find them done.
+	for _, p := range r.instances {
+		r.progress.logf("starting %s on %s", p.name, p.addr)
+		if err := p.start(ctx); err != nil {
+			return err
+		}
+	}
+
+	r.drv = newDriver(c, runID, r.instances, r.violation)
+	defer r.drv.close()
+	total := int64(2 * (c.Orders + c.Payments))
+	r.progress.start(total, r)
+
+	scrapeCtx, stopScrape := context.WithCancel(ctx)
+	var bg sync.WaitGroup
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		r.scrapeLoop(scrapeCtx)
+	}()
+	defer func() {
+		stopScrape()
+		bg.Wait()
+	}()
+
+	loadDone := make(chan struct{})
+	chaosErr := make(chan error, 1)
+	go func() { chaosErr <- r.chaos(ctx, total, loadDone) }()
+
+	start := time.Now()
+	r.drv.run(ctx)
+	r.rep.LoadSeconds = time.Since(start).Seconds()
+	close(loadDone)
+	if err := <-chaosErr; err != nil {
+		r.progress.stop()
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		r.progress.stop()
+		return err
+	}
+	r.progress.phase("quiescence")
+	qstart := time.Now()
+	statuses, err := r.quiesce(ctx)
+	r.rep.QuiescenceSeconds = time.Since(qstart).Seconds()
+	r.progress.stop()
+	if err != nil {
+		return err
+	}
+	// Last scrape of the live incarnations.
+	for _, p := range r.instances {
+		r.scr.scrape(ctx, p, "/metrics")
+	}
+	r.scr.scrape(ctx, r.paysim, "/metrics")
+	r.fillReport()
+	return r.audit(ctx, statuses)
+}
+
+func (r *run) scrapeLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		for _, p := range r.instances {
+			if p.isUp() {
+				r.scr.scrape(ctx, p, "/metrics")
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+type event struct {
+	at   int64
+	kind string // "kill", "term", "broker"
+}
+
+// chaos executes the seeded schedule: each event fires when the driver has
+// answered a random share (10%..85%) of the POSTs; events left when the
+// load ends fire at once, while billing is still draining its backlog.
+// Events run one after another, so at most one billing instance is down at
+// a time and the others keep serving.
+func (r *run) chaos(ctx context.Context, total int64, loadDone <-chan struct{}) error {
+	c := &r.cfg
+	rng := mrand.New(mrand.NewPCG(uint64(c.Seed), 0xc4a05))
+	var evs []event
+	add := func(n int, kind string) {
+		for range n {
+			at := int64(float64(total) * (0.10 + 0.75*rng.Float64()))
+			evs = append(evs, event{at: at, kind: kind})
+		}
+	}
+	add(c.Kills, "kill")
+	add(c.Terms, "term")
+	add(c.BrokerRestarts, "broker")
+	sort.SliceStable(evs, func(i, j int) bool { return evs[i].at < evs[j].at })
+	brokerSig := syscall.SIGKILL
+	for _, ev := range evs {
+		for r.drv.ops.Load() < ev.at {
+			select {
+			case <-loadDone:
+			case <-ctx.Done():
+				return nil
+			case <-time.After(20 * time.Millisecond):
+				continue
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		switch ev.kind {
+		case "broker":
+			r.progress.logf("broker: %v and restart", brokerSig)
+			r.broker.stop(brokerSig, 30*time.Second)
+			sleep(ctx, time.Duration(200+rng.IntN(600))*time.Millisecond)
+			if err := r.broker.start(ctx); err != nil {
+				return err
+			}
+			r.brokerRestarts.Add(1)
+			if brokerSig == syscall.SIGKILL {
+				brokerSig = syscall.SIGTERM
+			} else {
+				brokerSig = syscall.SIGKILL
+			}
+		default:
+			p := r.instances[rng.IntN(len(r.instances))]
+			r.scr.scrape(ctx, p, "/metrics")
+			r.scr.freeze(p)
+			if ev.kind == "kill" {
+				r.progress.logf("%s: SIGKILL", p.name)
+				p.stop(syscall.SIGKILL, 30*time.Second)
+				r.kills.Add(1)
+			} else {
+				r.progress.logf("%s: SIGTERM", p.name)
+				code, forced := p.stop(syscall.SIGTERM, c.ShutdownTimeout+5*time.Second)
+				r.terms.Add(1)
+				if code != 0 || forced {
+					r.unclean.Add(1)
+					r.progress.logf("%s: SIGTERM ended with exit %d (killed after grace: %v)", p.name, code, forced)
+				}
+			}
+			sleep(ctx, time.Duration(100+rng.IntN(700))*time.Millisecond)
+			if err := p.start(ctx); err != nil {
+				return err
+			}
+			r.scr.thaw(p)
+			r.restarts.Add(1)
+			r.progress.logf("%s: restarted", p.name)
+		}
+	}
+	return nil
+}
+
+// quiesce waits until every confirmed order and accepted payment is
+// CHARGED or FAILED, then until the ledger stops growing (a late duplicate
+// charge would land after the status is final).
+func (r *run) quiesce(ctx context.Context) (map[string]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Quiescence)
+	defer cancel()
+	d := r.drv
+	d.mu.Lock()
+	var paths []string
+	for _, o := range d.orders {
+		if o.Confirmed {
+			paths = append(paths, "/orders/"+o.ID)
+		}
+	}
+	for _, p := range d.payments {
+		paths = append(paths, "/payments/"+p.ID)
+	}
+	d.mu.Unlock()
+	statuses := map[string]string{}
+	pending := paths
+	rng := mrand.New(mrand.NewPCG(uint64(r.cfg.Seed), 0x9e7))
+	for len(pending) > 0 {
+		r.progress.setPending(len(pending))
+		var next []string
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 8)
+		for _, p := range pending {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func(p string, seed uint64) {
+				defer wg.Done()
+				defer func() { <-sem }()
+				var res struct {
+					Status string `json:"status"`
+				}
+				err := d.get(ctx, mrand.New(mrand.NewPCG(seed, 2)), p, &res)
+				mu.Lock()
+				defer mu.Unlock()
+				statuses[p] = res.Status
+				if err != nil || (res.Status != "CHARGED" && res.Status != "FAILED") {
+					next = append(next, p)
+				}
+			}(p, rng.Uint64())
+		}
+		wg.Wait()
+		pending = next
+		if len(pending) > 0 && !sleep(ctx, 500*time.Millisecond) {
+			break
+		}
+	}
+	r.progress.setPending(len(pending))
+	// The ledger must be still for three polls in a row.
+	prev, still := -1, 0
+	for still < 3 && ctx.Err() == nil {
+		l, err := r.ledger(ctx)
+		if err == nil && len(l) == prev {
+			still++
+		} else {
+			still = 0
+		}
+		if err == nil {
+			prev = len(l)
+		}
+		sleep(ctx, 700*time.Millisecond)
+	}
+	return statuses, nil
+}
+
+// charge is one row of paysim's GET /ledger.
+type charge struct {
+	ChargeID       string `json:"charge_id"`
+	IdempotencyKey string `json:"idempotency_key"`
+	OrderID        string `json:"order_id"`
+	AmountKopecks  int64  `json:"amount_kopecks"`
+}
+
+func (r *run) ledger(ctx context.Context) ([]charge, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.paysim.addr+"/ledger", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := r.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("chaos: GET /ledger: %d %s", resp.StatusCode, clip(b))
+	}
+	var l struct {
+		Charges []charge `json:"charges"`
+	}
+	if err := json.Unmarshal(b, &l); err != nil {
+		return nil, fmt.Errorf("chaos: GET /ledger: %w", err)
+	}
+	return l.Charges, nil
+}
+
+func (r *run) fillReport() {
+	d, rep := r.drv, r.rep
+	rep.Operations = d.ops.Load()
+	rep.Requests = d.requests.Load()
+	rep.ClientRetries = d.retries.Load()
+	rep.ClientDrops = d.clientDrops.Load()
+	rep.Duplicates = d.duplicates.Load()
+	rep.TransportErrors = d.transportErr.Load()
+	rep.Status5xx = d.status5xx.Load()
+	rep.Kills = int(r.kills.Load())
+	rep.Terms = int(r.terms.Load())
+	rep.UncleanTerms = int(r.unclean.Load())
+	rep.Restarts = int(r.restarts.Load())
+	rep.BrokerRestarts = int(r.brokerRestarts.Load())
+	rep.Stopped.HTTPReplays = d.replays.Load()
+	rep.Stopped.HTTPInProgress = d.inProgress.Load()
+	rep.Stopped.Inbox, rep.Stopped.Provider = -1, -1
+	if r.scr.has(MetricInboxDuplicates) {
+		rep.Stopped.Inbox = int64(r.scr.total(MetricInboxDuplicates))
+	}
+	if r.scr.has(MetricPaysimReplays) {
+		rep.Stopped.Provider = int64(r.scr.total(MetricPaysimReplays))
+	} else if r.scr.has(MetricCharges) {
+		rep.Stopped.Provider = int64(r.scr.total(MetricCharges, `outcome="replayed"`))
+	}
+	d.mu.Lock()
+	rep.LatencyP50Ms = percentile(d.latencies, 0.50)
+	rep.LatencyP99Ms = percentile(d.latencies, 0.99)
+	d.mu.Unlock()
+}
+
+// audit checks the ledger against what the driver was promised.
+func (r *run) audit(ctx context.Context, statuses map[string]string) error {
+	charges, err := r.ledger(ctx)
+	if err != nil {
+		return err
+	}
+	res := check(r.drv.expected(statuses), charges)
+	r.rep.LedgerCharges = len(charges)
+	r.rep.ConfirmedOrders, r.rep.AcceptedPayments = res.orders, res.payments
+	r.rep.Charged, r.rep.Failed = res.charged, res.failed
+	for _, v := range res.violations {
+		r.violation(v)
+	}
+	return nil
+}
+
+func (r *run) stopAll() {
+	var wg sync.WaitGroup
+	for _, p := range r.instances {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.close(r.cfg.ShutdownTimeout + 5*time.Second)
+		}()
+	}
+	wg.Wait()
+	if r.paysim != nil {
+		r.paysim.close(10 * time.Second)
+	}
+	if r.broker != nil {
+		r.broker.close(10 * time.Second)
+	}
+}

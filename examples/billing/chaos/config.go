@@ -1,0 +1,200 @@
+package chaos
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// Unsafe layers: each switches off one protection, and the audit must then
+// find double charges.
+const (
+	// UnsafeKey makes the driver mint a fresh Idempotency-Key for every
+	// retry and duplicate (the client bug the HTTP key layer cannot see).
+	UnsafeKey = "key"
+	// UnsafeInbox asks billing to skip its processed_event dedup
+	// (BILLING_UNSAFE=inbox).
+	UnsafeInbox = "inbox"
+	// UnsafeFingerprint asks billing to skip the request fingerprint check
+	// (BILLING_UNSAFE=fingerprint).
+	UnsafeFingerprint = "fingerprint"
+	// UnsafeLease asks billing to skip leases: in-progress keys and outbox
+	// rows are taken over at once (BILLING_UNSAFE=lease).
+	UnsafeLease = "lease"
+)
+
+// Defaults of Config.
+const (
+	OrdersDefault          = 60
+	PaymentsDefault        = 30
+	InstancesDefault       = 3
+	ConcurrencyDefault     = 8
+	DuplicateRateDefault   = 0.1
+	ClientDropRateDefault  = 0.1
+	RequestTimeoutDefault  = 5 * time.Second
+	OpTimeoutDefault       = 90 * time.Second
+	QuiescenceDefault      = 120 * time.Second
+	ShutdownTimeoutDefault = 10 * time.Second
+	TokenDefault           = "chaos-token"
+	PrincipalDefault       = "chaos"
+)
+
+// ErrConfig is an invalid Config; the message names the field.
+var ErrConfig = errors.New("chaos: invalid config")
+
+// Config is one chaos run. A zero field takes its default; fields without
+// a default are required.
+type Config struct {
+	// IdemBin is the idem binary (devkafka, paysim). Required.
+	IdemBin string
+	// BillingBin is the billing binary (serve). Required.
+	BillingBin string
+	// DatabaseURL is billing's (and paysim's) DATABASE_URL. Required. Give
+	// each run a fresh database or schema (search_path in the URL).
+	DatabaseURL string
+	// KafkaBrokers is a comma list of brokers. Defaults to a devkafka
+	// child with a data directory, which BrokerRestarts restarts.
+	KafkaBrokers string
+
+	// Orders to create and confirm. Defaults to OrdersDefault.
+	Orders int
+	// Payments to create, each on its own new order. Defaults to
+	// PaymentsDefault.
+	Payments int
+	// Instances of billing serve. Defaults to InstancesDefault.
+	Instances int
+	// Kills: billing instances SIGKILLed and restarted. Defaults to 0.
+	Kills int
+	// Terms: billing instances SIGTERMed and restarted. Defaults to 0.
+	Terms int
+	// BrokerRestarts: devkafka restarts (SIGKILL, then SIGTERM,
+	// alternating). Defaults to 0; must be 0 with KafkaBrokers.
+	BrokerRestarts int
+	// DropRate: paysim charges, then drops the response. Defaults to 0.
+	DropRate float64
+	// FailRate: paysim fails before charging. Defaults to 0.
+	FailRate float64
+	// Seed drives every random choice: the driver's, the chaos schedule's
+	// and paysim's. Defaults to a seed from the clock (reported).
+	Seed int64
+	// Unsafe switches off one protection: "", UnsafeKey, UnsafeInbox,
+	// UnsafeFingerprint or UnsafeLease. Defaults to "" (all on).
+	Unsafe string
+
+	// Concurrency is the number of driver workers. Defaults to
+	// ConcurrencyDefault.
+	Concurrency int
+	// DuplicateRate is the share of POSTs sent twice at once. Defaults to
+	// DuplicateRateDefault; negative means 0.
+	DuplicateRate float64
+	// ClientDropRate is the share of answers the driver throws away, as if
+	// lost on the network, and retries. Defaults to ClientDropRateDefault;
+	// negative means 0.
+	ClientDropRate float64
+	// RequestTimeout bounds one HTTP attempt. Defaults to
+	// RequestTimeoutDefault.
+	RequestTimeout time.Duration
+	// OpTimeout bounds one POST with all its retries. Defaults to
+	// OpTimeoutDefault.
+	OpTimeout time.Duration
+	// Quiescence bounds the wait for all work to be final. Defaults to
+	// QuiescenceDefault.
+	Quiescence time.Duration
+	// ShutdownTimeout is billing's SHUTDOWN_TIMEOUT. Defaults to
+	// ShutdownTimeoutDefault.
+	ShutdownTimeout time.Duration
+	// Token is the bearer token the driver sends; billing gets
+	// BILLING_API_TOKENS=Token:chaos. Defaults to TokenDefault.
+	Token string
+	// Env is added to every billing instance's environment (tuning knobs).
+	// Defaults to none.
+	Env []string
+	// WorkDir holds the logs and the broker's data. Defaults to a new
+	// temporary directory, removed after a passing run.
+	WorkDir string
+	// Progress receives progress: a live bar when ProgressTTY, else plain
+	// lines. Defaults to none.
+	Progress io.Writer
+	// ProgressTTY draws a bar that rewrites itself. Defaults to false.
+	ProgressTTY bool
+}
+
+func (c *Config) withDefaults() Config {
+	out := *c
+	def := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	def(&out.Orders, OrdersDefault)
+	def(&out.Payments, PaymentsDefault)
+	def(&out.Instances, InstancesDefault)
+	def(&out.Concurrency, ConcurrencyDefault)
+	if out.DuplicateRate == 0 {
+		out.DuplicateRate = DuplicateRateDefault
+	}
+	out.DuplicateRate = max(out.DuplicateRate, 0)
+	if out.ClientDropRate == 0 {
+		out.ClientDropRate = ClientDropRateDefault
+	}
+	out.ClientDropRate = max(out.ClientDropRate, 0)
+	durDef := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	durDef(&out.RequestTimeout, RequestTimeoutDefault)
+	durDef(&out.OpTimeout, OpTimeoutDefault)
+	durDef(&out.Quiescence, QuiescenceDefault)
+	durDef(&out.ShutdownTimeout, ShutdownTimeoutDefault)
+	if out.Token == "" {
+		out.Token = TokenDefault
+	}
+	if out.Seed == 0 {
+		out.Seed = time.Now().UnixNano() & (1<<48 - 1)
+	}
+	return out
+}
+
+func (c *Config) validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, a...))
+	}
+	switch {
+	case c.IdemBin == "":
+		return bad("IdemBin is empty")
+	case c.BillingBin == "":
+		return bad("BillingBin is empty")
+	case c.DatabaseURL == "":
+		return bad("DatabaseURL is empty")
+	case c.Orders < 0, c.Orders > 1_000_000:
+		return bad("Orders %d out of range 0..1000000", c.Orders)
+	case c.Payments < 0, c.Payments > 1_000_000:
+		return bad("Payments %d out of range 0..1000000", c.Payments)
+	case c.Orders+c.Payments == 0:
+		return bad("Orders and Payments are both 0")
+	case c.Instances < 1, c.Instances > 32:
+		return bad("Instances %d out of range 1..32", c.Instances)
+	case c.Kills < 0, c.Terms < 0, c.BrokerRestarts < 0:
+		return bad("Kills, Terms and BrokerRestarts must not be negative")
+	case (c.Kills > 0 || c.Terms > 0) && c.Instances < 2:
+		return bad("Kills and Terms need Instances >= 2 (one always serves)")
+	case c.BrokerRestarts > 0 && c.KafkaBrokers != "":
+		return bad("BrokerRestarts needs the devkafka child (KafkaBrokers empty)")
+	case c.DropRate < 0, c.DropRate >= 1:
+		return bad("DropRate %v out of range [0,1)", c.DropRate)
+	case c.FailRate < 0, c.FailRate >= 1:
+		return bad("FailRate %v out of range [0,1)", c.FailRate)
+	case c.DuplicateRate > 1, c.ClientDropRate >= 1:
+		return bad("DuplicateRate must be <= 1 and ClientDropRate < 1")
+	case c.Concurrency < 1:
+		return bad("Concurrency %d < 1", c.Concurrency)
+	}
+	switch c.Unsafe {
+	case "", UnsafeKey, UnsafeInbox, UnsafeFingerprint, UnsafeLease:
+	default:
+		return bad("Unsafe %q: want key, inbox, fingerprint or lease", c.Unsafe)
+	}
+	return nil
+}

@@ -1,0 +1,440 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// order is an order the driver created; confirmed once its confirm POST
+// got a 200.
+type order struct {
+	ID         string
+	CustomerID string
+	Total      int64
+	Confirmed  bool
+	// ForPayment marks an order created to carry a payment: it stays NEW
+	// and must never be charged on its own.
+	ForPayment bool
+}
+
+// payment is a payment the driver created (201).
+type payment struct {
+	ID         string
+	OrderID    string
+	CustomerID string
+	Amount     int64
+}
+
+// keyRecord is every final answer the driver saw for one Idempotency-Key.
+type keyRecord struct {
+	path   string
+	status int
+	body   []byte
+	seen   int
+}
+
+// driver is the load driver: it creates and confirms orders and creates
+// payments against the billing instances, retrying every POST with the
+// same key (unless the key layer is unsafe) until it gets a final answer.
+type driver struct {
+	cfg       *Config
+	runID     string
+	hc        *http.Client
+	instances []*proc
+	report    func(v Violation)
+
+	mu        sync.Mutex
+	keys      map[string]*keyRecord
+	orders    []*order
+	payments  []*payment
+	latencies []time.Duration
+
+	ops          atomic.Int64 // POSTs with a final answer
+	requests     atomic.Int64 // HTTP attempts
+	retries      atomic.Int64 // attempts after the first, per POST
+	replays      atomic.Int64 // answers with Idempotent-Replayed: true
+	inProgress   atomic.Int64 // 409 IDEMPOTENCY_KEY_IN_PROGRESS
+	clientDrops  atomic.Int64 // answers discarded on purpose
+	duplicates   atomic.Int64 // concurrent duplicates sent
+	freshKeys    atomic.Int64 // unsafe=key: keys minted for a retry
+	transportErr atomic.Int64
+	status5xx    atomic.Int64
+}
+
+func newDriver(cfg *Config, runID string, instances []*proc, report func(Violation)) *driver {
+	tr := &http.Transport{MaxIdleConnsPerHost: 32, IdleConnTimeout: 30 * time.Second}
+	return &driver{
+		cfg:       cfg,
+		runID:     runID,
+		hc:        &http.Client{Transport: tr},
+		instances: instances,
+		report:    report,
+		keys:      map[string]*keyRecord{},
+	}
+}
+
+func (d *driver) close() { d.hc.CloseIdleConnections() }
+
+// task is one unit of load, run by one worker.
+type task struct {
+	n          int
+	forPayment bool
+	rng        *rand.Rand
+}
+
+// run drives all tasks with cfg.Concurrency workers and returns when
+// every task has its final answers or ctx ends.
+func (d *driver) run(ctx context.Context) {
+	tasks := make(chan task)
+	var wg sync.WaitGroup
+	for range d.cfg.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for t := range tasks {
+				d.runTask(ctx, t)
+			}
+		}()
+	}
+	// Orders and payments interleaved, so that chaos hits both.
+	o, p := 0, 0
+	for o < d.cfg.Orders || p < d.cfg.Payments {
+		var t task
+		if p >= d.cfg.Payments || (o < d.cfg.Orders && o*d.cfg.Payments <= p*d.cfg.Orders) {
+			t = task{n: o}
+			o++
+		} else {
+			t = task{n: p, forPayment: true}
+			p++
+		}
+		// Each task's decisions come from its own generator, seeded from
+		// the run seed and the task, so a seed replays the same decisions.
+		kind := uint64(1)
+		if t.forPayment {
+			kind = 2
+		}
+		t.rng = rand.New(rand.NewPCG(uint64(d.cfg.Seed), kind<<32|uint64(t.n)))
+		select {
+		case tasks <- t:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	close(tasks)
+	wg.Wait()
+}
+
+func (d *driver) runTask(ctx context.Context, t task) {
+	kind := "order"
+	if t.forPayment {
+		kind = "payorder"
+	}
+	cust := fmt.Sprintf("c%d", t.n%7)
+	// Order totals are whole roubles, payment amounts never are: a ledger
+	// charge matches one expected charge by (order, amount) unambiguously.
+	total := int64(100 * (1 + t.rng.IntN(500)))
+	body, _ := json.Marshal(map[string]any{"customer_id": cust, "total_kopecks": total})
+	st, resp, err := d.post(ctx, t, "/orders", body, d.key(kind, t.n, "create"), http.StatusCreated, false)
+	if err != nil {
+		return
+	}
+	var created struct {
+		ID     string `json:"id"`
+		Status string `json:"status"`
+	}
+	if json.Unmarshal(resp, &created) != nil || created.ID == "" {
+		d.report(Violation{Kind: "bad-response", Subject: kind, Detail: fmt.Sprintf("POST /orders %d: no id in %q", st, clip(resp))})
+		return
+	}
+	o := &order{ID: created.ID, CustomerID: cust, Total: total, ForPayment: t.forPayment}
+	d.mu.Lock()
+	d.orders = append(d.orders, o)
+	d.mu.Unlock()
+
+	if !t.forPayment {
+		_, _, err := d.post(ctx, t, "/orders/"+o.ID+"/confirm", nil, d.key(kind, t.n, "confirm"), http.StatusOK, false)
+		if err == nil {
+			d.mu.Lock()
+			o.Confirmed = true
+			d.mu.Unlock()
+		}
+		return
+	}
+	amount := total - int64(1+t.rng.IntN(99))
+	body, _ = json.Marshal(map[string]any{"order_id": o.ID, "customer_id": cust, "amount_kopecks": amount})
+	// The first payments always lose their first answer: in an unsafe=key
+	// run that guarantees a retry with a fresh key, hence a second charge.
+	forceDrop := t.n < 2
+	st, resp, err = d.post(ctx, t, "/payments", body, d.key("payment", t.n, "create"), http.StatusCreated, forceDrop)
+	if err != nil {
+		return
+	}
+	var pay struct {
+		ID string `json:"id"`
+	}
+	if json.Unmarshal(resp, &pay) != nil || pay.ID == "" {
+		d.report(Violation{Kind: "bad-response", Subject: "payment", Detail: fmt.Sprintf("POST /payments %d: no id in %q", st, clip(resp))})
+		return
+	}
+	d.mu.Lock()
+	d.payments = append(d.payments, &payment{ID: pay.ID, OrderID: o.ID, CustomerID: cust, Amount: amount})
+	d.mu.Unlock()
+}
+
+func (d *driver) key(kind string, n int, step string) string {
+	return fmt.Sprintf("%s-%s-%d-%s", d.runID, kind, n, step)
+}
+
+var errGaveUp = errors.New("chaos: no final answer")
+
+// post sends one logical POST until it gets a final answer, and sometimes
+// a concurrent duplicate of it. It returns the first final answer.
+func (d *driver) post(ctx context.Context, t task, path string, body []byte, key string, want int, forceDrop bool) (int, []byte, error) {
+	start := time.Now()
+	var dup sync.WaitGroup
+	if t.rng.Float64() < d.cfg.DuplicateRate {
+		d.duplicates.Add(1)
+		dupKey := key
+		if d.cfg.Unsafe == UnsafeKey {
+			dupKey = key + "-dup"
+		}
+		dup.Add(1)
+		seed := t.rng.Uint64()
+		go func() {
+			defer dup.Done()
+			rng := rand.New(rand.NewPCG(seed, 1))
+			_, _, _ = d.attempts(ctx, rng, path, body, dupKey, want, false)
+		}()
+	}
+	st, resp, err := d.attempts(ctx, t.rng, path, body, key, want, forceDrop)
+	dup.Wait()
+	if err == nil {
+		d.ops.Add(1)
+		d.mu.Lock()
+		d.latencies = append(d.latencies, time.Since(start))
+		d.mu.Unlock()
+	}
+	return st, resp, err
+}
+
+// attempts is the retry loop of one POST.
+//
+// Retried, with the same key, on another live instance: transport errors
+// and timeouts (the instance may have died mid-request: the work may or may
+// not be done, and the key tells the server which), 5xx, and 409
+// IDEMPOTENCY_KEY_IN_PROGRESS (a concurrent attempt holds the key: wait
+// Retry-After). Any other answer is final; with probability ClientDropRate
+// a final answer is thrown away as if lost on the way back, and the POST is
+// retried: the server must replay it.
+func (d *driver) attempts(ctx context.Context, rng *rand.Rand, path string, body []byte, key string, want int, forceDrop bool) (int, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.OpTimeout)
+	defer cancel()
+	drops := 0
+	last := -1
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			d.retries.Add(1)
+			if d.cfg.Unsafe == UnsafeKey {
+				// The bug under test: a client that mints a new key per
+				// attempt turns every retry into a new operation.
+				d.freshKeys.Add(1)
+				key = fmt.Sprintf("%s-r%d", key, attempt)
+			}
+		}
+		inst, err := d.pick(ctx, rng, last)
+		if err != nil {
+			d.report(Violation{Kind: "no-final-answer", Subject: path, Detail: fmt.Sprintf("key %s: %v after %d attempts", key, err, attempt)})
+			return 0, nil, errGaveUp
+		}
+		last = inst
+		d.requests.Add(1)
+		st, hdr, resp, err := d.do(ctx, d.instances[inst].addr, path, body, key)
+		switch {
+		case err != nil:
+			d.transportErr.Add(1)
+			if ctx.Err() != nil {
+				d.report(Violation{Kind: "no-final-answer", Subject: path, Detail: fmt.Sprintf("key %s: %v after %d attempts", key, err, attempt+1)})
+				return 0, nil, errGaveUp
+			}
+			backoff(ctx, rng, attempt)
+			continue
+		case st >= 500:
+			d.status5xx.Add(1)
+			backoff(ctx, rng, attempt)
+			continue
+		case st == http.StatusConflict && problemCode(resp) == "IDEMPOTENCY_KEY_IN_PROGRESS":
+			d.inProgress.Add(1)
+			wait := 100 * time.Millisecond
+			if s, err := strconv.Atoi(hdr.Get("Retry-After")); err == nil && s > 0 {
+				wait = min(time.Duration(s)*time.Second, time.Second)
+			}
+			sleep(ctx, wait/2+time.Duration(rng.Int64N(int64(wait/2)+1)))
+			continue
+		}
+		replayed := hdr.Get("Idempotent-Replayed") == "true"
+		if replayed {
+			d.replays.Add(1)
+		}
+		d.record(path, key, st, resp)
+		if (forceDrop && drops == 0) || (drops < 2 && rng.Float64() < d.cfg.ClientDropRate) {
+			drops++
+			d.clientDrops.Add(1)
+			continue
+		}
+		if st != want {
+			d.report(Violation{Kind: "unexpected-status", Subject: path, Detail: fmt.Sprintf("key %s: %d %s", key, st, clip(resp))})
+			return st, resp, fmt.Errorf("chaos: status %d", st)
+		}
+		return st, resp, nil
+	}
+}
+
+// record keeps the first final answer per key and checks every later one
+// against it: a replay must be the same status and the same bytes.
+func (d *driver) record(path, key string, st int, body []byte) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r, ok := d.keys[key]
+	if !ok {
+		d.keys[key] = &keyRecord{path: path, status: st, body: body, seen: 1}
+		return
+	}
+	r.seen++
+	if r.status != st || !bytes.Equal(r.body, body) {
+		d.report(Violation{Kind: "replay-differs", Subject: path,
+			Detail: fmt.Sprintf("key %s: first %d %q, later %d %q", key, r.status, clip(r.body), st, clip(body))})
+	}
+}
+
+// pick returns a live instance, preferring one other than last; it waits
+// while none is up.
+func (d *driver) pick(ctx context.Context, rng *rand.Rand, last int) (int, error) {
+	for {
+		n := len(d.instances)
+		off := rng.IntN(n)
+		fallback := -1
+		for i := range n {
+			j := (off + i) % n
+			if !d.instances[j].isUp() {
+				continue
+			}
+			if j != last {
+				return j, nil
+			}
+			fallback = j
+		}
+		if fallback >= 0 {
+			return fallback, nil
+		}
+		if !sleep(ctx, 50*time.Millisecond) {
+			return 0, ctx.Err()
+		}
+	}
+}
+
+func (d *driver) do(ctx context.Context, addr, path string, body []byte, key string) (int, http.Header, []byte, error) {
+	actx, cancel := context.WithTimeout(ctx, d.cfg.RequestTimeout)
+	defer cancel()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, "http://"+addr+path, rd)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Authorization", "Bearer "+d.cfg.Token)
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := d.hc.Do(req)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	return resp.StatusCode, resp.Header, b, nil
+}
+
+// get reads a resource, retrying on any instance until a 200 or ctx ends.
+func (d *driver) get(ctx context.Context, rng *rand.Rand, path string, out any) error {
+	last := -1
+	for attempt := 0; ; attempt++ {
+		inst, err := d.pick(ctx, rng, last)
+		if err != nil {
+			return err
+		}
+		last = inst
+		actx, cancel := context.WithTimeout(ctx, d.cfg.RequestTimeout)
+		req, _ := http.NewRequestWithContext(actx, http.MethodGet, "http://"+d.instances[inst].addr+path, nil)
+		req.Header.Set("Authorization", "Bearer "+d.cfg.Token)
+		resp, err := d.hc.Do(req)
+		if err == nil {
+			b, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			resp.Body.Close()
+			if rerr == nil && resp.StatusCode == http.StatusOK {
+				cancel()
+				return json.Unmarshal(b, out)
+			}
+			if rerr == nil && resp.StatusCode < 500 {
+				cancel()
+				return fmt.Errorf("GET %s: %d %s", path, resp.StatusCode, clip(b))
+			}
+		}
+		cancel()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		backoff(ctx, rng, attempt)
+	}
+}
+
+// problemCode returns the code member of a problem+json body.
+func problemCode(body []byte) string {
+	var p struct {
+		Code string `json:"code"`
+	}
+	_ = json.Unmarshal(body, &p)
+	return p.Code
+}
+
+func backoff(ctx context.Context, rng *rand.Rand, attempt int) {
+	d := min(25*time.Millisecond<<min(attempt, 5), 500*time.Millisecond)
+	sleep(ctx, d/2+time.Duration(rng.Int64N(int64(d/2)+1)))
+}
+
+// sleep waits d or until ctx ends; it reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func clip(b []byte) string {
+	s := string(bytes.TrimSpace(b))
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}

@@ -1,0 +1,151 @@
+package chaos
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Violation is one broken guarantee found by the run or its audit.
+type Violation struct {
+	// Kind is one of: double-charge, lost-charge, failed-but-charged,
+	// orphan-charge, not-final, replay-differs, unexpected-status,
+	// bad-response, no-final-answer.
+	Kind    string `json:"kind"`
+	Subject string `json:"subject"`
+	Detail  string `json:"detail"`
+}
+
+// Layers counts the duplicates each protection stopped.
+type Layers struct {
+	// HTTPReplays: answers the driver got with Idempotent-Replayed: true.
+	HTTPReplays int64 `json:"http_replays"`
+	// HTTPInProgress: 409 IDEMPOTENCY_KEY_IN_PROGRESS the driver got
+	// (a concurrent duplicate held off while the first attempt ran).
+	HTTPInProgress int64 `json:"http_in_progress"`
+	// Inbox: redelivered Kafka events billing's inbox skipped (from
+	// billing's /metrics; -1 when billing does not export it).
+	Inbox int64 `json:"inbox"`
+	// Provider: charges paysim answered from its idempotency store instead
+	// of charging again (-1 when unknown).
+	Provider int64 `json:"provider"`
+}
+
+// Report is the outcome of a run.
+type Report struct {
+	Seed      int64   `json:"seed"`
+	Unsafe    string  `json:"unsafe,omitempty"`
+	Orders    int     `json:"orders"`
+	Payments  int     `json:"payments"`
+	Instances int     `json:"instances"`
+	DropRate  float64 `json:"drop_rate"`
+	FailRate  float64 `json:"fail_rate"`
+
+	// Operations is POSTs that reached a final answer; Requests is HTTP
+	// attempts (retries and duplicates included).
+	Operations int64 `json:"operations"`
+	Requests   int64 `json:"requests"`
+	// ClientRetries is attempts after the first; ClientDrops the answers
+	// thrown away on purpose; Duplicates the POSTs sent twice at once.
+	ClientRetries int64 `json:"client_retries"`
+	ClientDrops   int64 `json:"client_drops"`
+	Duplicates    int64 `json:"duplicates"`
+	// TransportErrors and Status5xx are the attempts that failed so.
+	TransportErrors int64 `json:"transport_errors"`
+	Status5xx       int64 `json:"status_5xx"`
+
+	Kills int `json:"kills"`
+	Terms int `json:"terms"`
+	// UncleanTerms: SIGTERMs that did not end in exit status 0 within
+	// SHUTDOWN_TIMEOUT plus 5s (the instance was then killed).
+	UncleanTerms   int `json:"unclean_terms"`
+	Restarts       int `json:"restarts"`
+	BrokerRestarts int `json:"broker_restarts"`
+
+	Stopped Layers `json:"duplicates_stopped"`
+
+	LatencyP50Ms float64 `json:"latency_p50_ms"`
+	LatencyP99Ms float64 `json:"latency_p99_ms"`
+	// LoadSeconds is the driver's run; QuiescenceSeconds the time from its
+	// end until every order and payment was final and the ledger still.
+	LoadSeconds       float64 `json:"load_seconds"`
+	QuiescenceSeconds float64 `json:"quiescence_seconds"`
+
+	ConfirmedOrders  int `json:"confirmed_orders"`
+	AcceptedPayments int `json:"accepted_payments"`
+	Charged          int `json:"charged"`
+	Failed           int `json:"failed"`
+	LedgerCharges    int `json:"ledger_charges"`
+
+	Violations []Violation `json:"violations"`
+	Pass       bool        `json:"pass"`
+	// WorkDir holds the children's logs (kept when the run fails).
+	WorkDir string `json:"work_dir,omitempty"`
+}
+
+func percentile(d []time.Duration, p float64) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(p * float64(len(s)-1))
+	return float64(s[i].Microseconds()) / 1000
+}
+
+// WriteText writes the report for people.
+func (r *Report) WriteText(w io.Writer) {
+	unk := func(v int64) string {
+		if v < 0 {
+			return "n/a"
+		}
+		return fmt.Sprint(v)
+	}
+	mode := "all protections on"
+	if r.Unsafe != "" {
+		mode = "UNSAFE: " + r.Unsafe + " protection off"
+	}
+	fmt.Fprintf(w, "\nchaos run, seed %d (%s)\n", r.Seed, mode)
+	fmt.Fprintf(w, "  load        %d orders, %d payments, %d instances, paysim drop %.0f%% fail %.0f%%\n",
+		r.Orders, r.Payments, r.Instances, r.DropRate*100, r.FailRate*100)
+	fmt.Fprintf(w, "  operations  %d POSTs answered in %d requests: %d retries, %d answers dropped by the client, %d concurrent duplicates\n",
+		r.Operations, r.Requests, r.ClientRetries, r.ClientDrops, r.Duplicates)
+	fmt.Fprintf(w, "  failures    %d transport errors, %d 5xx seen by the client\n", r.TransportErrors, r.Status5xx)
+	fmt.Fprintf(w, "  chaos       %d SIGKILL, %d SIGTERM (%d unclean), %d restarts, %d broker restarts\n",
+		r.Kills, r.Terms, r.UncleanTerms, r.Restarts, r.BrokerRestarts)
+	fmt.Fprintf(w, "  stopped     HTTP key: %d replays + %d in-progress 409s; inbox: %s; provider key: %s\n",
+		r.Stopped.HTTPReplays, r.Stopped.HTTPInProgress, unk(r.Stopped.Inbox), unk(r.Stopped.Provider))
+	fmt.Fprintf(w, "  latency     p50 %.1f ms, p99 %.1f ms per POST (retries included)\n", r.LatencyP50Ms, r.LatencyP99Ms)
+	fmt.Fprintf(w, "  time        load %.1fs, quiescence %.1fs\n", r.LoadSeconds, r.QuiescenceSeconds)
+	fmt.Fprintf(w, "  audit       %d confirmed orders + %d payments: %d CHARGED, %d FAILED; %d ledger charges\n",
+		r.ConfirmedOrders, r.AcceptedPayments, r.Charged, r.Failed, r.LedgerCharges)
+	if len(r.Violations) > 0 {
+		kinds := map[string]int{}
+		for _, v := range r.Violations {
+			kinds[v.Kind]++
+		}
+		var ks []string
+		for k, n := range kinds {
+			ks = append(ks, fmt.Sprintf("%s %d", k, n))
+		}
+		sort.Strings(ks)
+		fmt.Fprintf(w, "  violations  %d (%s)\n", len(r.Violations), strings.Join(ks, ", "))
+		for i, v := range r.Violations {
+			if i == 20 {
+				fmt.Fprintf(w, "    … %d more (--json lists all)\n", len(r.Violations)-20)
+				break
+			}
+			fmt.Fprintf(w, "    %-18s %s: %s\n", v.Kind, v.Subject, v.Detail)
+		}
+	}
+	if r.WorkDir != "" {
+		fmt.Fprintf(w, "  logs        %s\n", r.WorkDir)
+	}
+	if r.Pass {
+		fmt.Fprintf(w, "PASS: every confirmed order and payment charged exactly once, nothing lost, every replay identical\n")
+	} else {
+		fmt.Fprintf(w, "FAIL: %d violations\n", len(r.Violations))
+	}
+}
