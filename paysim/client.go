@@ -20,7 +20,7 @@ var ErrInvalidCharge = errors.New("paysim: invalid charge command")
 
 // ErrBadResponse is a 2xx answer without a charge id. The charge may have
 // happened; repeating the call with the same key returns the stored answer.
-var ErrBadResponse = errors.New("paysim: malformed charge response")
+var ErrBadResponse = errors.New("paysim: malformed response")
 
 // ChargeCommand is one charge, the article's payment.ChargeCommand.
 // IdempotencyKey is derived from the business operation (for example
@@ -46,8 +46,8 @@ type ChargeResult struct {
 // Client is a typed client of POST /charges, the article's payment
 // adapter. It is safe for concurrent use.
 type Client struct {
-	url string
-	c   *idemclient.Client
+	base string
+	c    *idemclient.Client
 }
 
 // NewClient returns a client of the payment provider at baseURL (for
@@ -63,7 +63,7 @@ func NewClient(baseURL string, c *idemclient.Client) (*Client, error) {
 			return nil, err
 		}
 	}
-	return &Client{url: strings.TrimRight(baseURL, "/") + "/charges", c: c}, nil
+	return &Client{base: strings.TrimRight(baseURL, "/"), c: c}, nil
 }
 
 // Charge charges cmd.AmountKopecks once, however many attempts it takes:
@@ -92,7 +92,7 @@ func (c *Client) Charge(ctx context.Context, cmd ChargeCommand) (ChargeResult, e
 	if err != nil {
 		return ChargeResult{}, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/charges", bytes.NewReader(body))
 	if err != nil {
 		return ChargeResult{}, fmt.Errorf("paysim: charge: %w", err)
 	}
@@ -119,4 +119,23 @@ type chargeRequest struct {
 // chargeResponse is the body of a 201 from POST /charges.
 type chargeResponse struct {
 	ChargeID string `json:"charge_id"`
+}
+
+// Ledger returns every charge the provider has made (GET /ledger), for
+// audits: see Audit. ctx bounds the call, retries included.
+func (c *Client) Ledger(ctx context.Context) ([]Charge, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/ledger", nil)
+	if err != nil {
+		return nil, fmt.Errorf("paysim: ledger: %w", err)
+	}
+	resp, err := c.c.Do(req, "")
+	if err != nil {
+		return nil, fmt.Errorf("paysim: ledger: %w", err)
+	}
+	defer resp.Body.Close()
+	var out ledgerResponse
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("%w: ledger: %v", ErrBadResponse, err)
+	}
+	return out.Charges, nil
 }
