@@ -201,9 +201,12 @@ func (g *Group) ReadyHandler() http.Handler {
 // Run starts every component, waits for a signal, the end of ctx or a
 // component failure, then shuts down in stage order and returns.
 //
-// ctx governs the start and acts as a trigger: its end begins the graceful
-// shutdown exactly as a first signal does; the shutdown itself runs on its
-// own deadline. Run returns nil after a clean shutdown (components cut off at
+// ctx is a trigger: its end begins the graceful shutdown exactly as a first
+// signal does, and a start still in progress is abandoned between
+// components. Components receive ctx's values but not its cancellation
+// (context.WithoutCancel), because many tie their lifetime to Start's ctx
+// and must stop in order, not all at once. The shutdown runs on its own
+// deadline. Run returns nil after a clean shutdown (components cut off at
 // their budget included: that is the designed outcome, logged as a warning),
 // the error of a component that failed to start or failed while running,
 // errors from Stop, or ErrHardStop.
@@ -257,7 +260,11 @@ startLoop:
 				startErr = fmt.Errorf("lifecycle: start: %w", err)
 				break startLoop
 			}
-			if err := c.Start(ctx); err != nil {
+			// Many components (the outbox relay, the Kafka consumer, river)
+			// tie their lifetime to Start's ctx. Run's ctx is a shutdown
+			// trigger, so passing it on would stop them all at once, out
+			// of order, at the first signal: hand them its values only.
+			if err := c.Start(context.WithoutCancel(ctx)); err != nil {
 				startErr = fmt.Errorf("lifecycle: start %s: %w", stages[i].Name, err)
 				break startLoop
 			}

@@ -246,3 +246,47 @@ func TestReadyHandler(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestStartContextOutlivesTrigger proves that a component tying its
+// lifetime to Start's ctx (the outbox relay, the Kafka consumer) is not
+// stopped by the end of Run's ctx, but only in its turn.
+func TestStartContextOutlivesTrigger(t *testing.T) {
+	t.Parallel()
+	g := quietGroup(t, lifecycle.Config{})
+	var startCtx context.Context
+	errAtStop := make(chan error, 1)
+	_ = g.Add(lifecycle.Stage{Name: "first", Components: []lifecycle.Component{&lifecycle.Funcs{
+		StopFunc: func(context.Context) error { errAtStop <- startCtx.Err(); return nil },
+	}}})
+	_ = g.Add(lifecycle.Stage{Name: "relay", Budget: time.Second, Components: []lifecycle.Component{&lifecycle.Funcs{
+		StartFunc: func(ctx context.Context) error { startCtx = ctx; return nil },
+	}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = g.Run(ctx)
+	select {
+	case err := <-errAtStop:
+		t.Fatalf("start was not abandoned on a dead ctx (stop saw %v)", err)
+	default:
+	}
+	g2 := quietGroup(t, lifecycle.Config{})
+	_ = g2.Add(lifecycle.Stage{Name: "first", Components: []lifecycle.Component{&lifecycle.Funcs{
+		StopFunc: func(context.Context) error { errAtStop <- startCtx.Err(); return nil },
+	}}})
+	_ = g2.Add(lifecycle.Stage{Name: "relay", Budget: time.Second, Components: []lifecycle.Component{&lifecycle.Funcs{
+		StartFunc: func(ctx context.Context) error { startCtx = ctx; return nil },
+	}}})
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g2.Run(ctx2) }()
+	for !g2.Ready() {
+		time.Sleep(time.Millisecond) // polling interval
+	}
+	cancel2()
+	if err := <-errAtStop; err != nil {
+		t.Fatalf("relay's start ctx ended before its stage: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
