@@ -138,7 +138,7 @@ func TestBadInputIsProblem4xxWithoutCharge(t *testing.T) {
 // latency keeps the first charge in progress while the others arrive.
 func TestConcurrentSameKeyOneRow(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &paysim.Config{Latency: 50 * time.Millisecond})
+	b := setup(t, &paysim.Config{Latency: 200 * time.Millisecond})
 	hc := httpClient(t, &http.Transport{MaxIdleConnsPerHost: 100})
 	body := chargeBody("o-1", "c-1", 700)
 	start := make(chan struct{})

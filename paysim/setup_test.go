@@ -44,10 +44,11 @@ func httpClient(t *testing.T, tr *http.Transport) *http.Client {
 // fastIdem retries quickly and often enough that a run with faults at the
 // issue's rates practically never exhausts its attempts: an attempt fails
 // with probability 0.2 + 0.8·0.3 = 0.44, so 40 failures in a row happen
-// with probability 0.44^40 ≈ 5e-15 per call.
+// with probability 0.44^40 ≈ 5e-15 per call. Retry500 is on because
+// paysim's injected failure is a 500 that happens before any charge.
 func fastIdem(t *testing.T, hc *http.Client) *idemclient.Client {
 	t.Helper()
-	c, err := idemclient.New(hc, &idemclient.Config{MaxAttempts: 40, BaseDelay: 200 * time.Microsecond, MaxDelay: 5 * time.Millisecond})
+	c, err := idemclient.New(hc, &idemclient.Config{MaxAttempts: 40, BaseDelay: 200 * time.Microsecond, MaxDelay: 5 * time.Millisecond, Retry500: true})
 	if err != nil {
 		t.Fatal(err)
 	}
