@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem/outbox"
@@ -43,7 +44,8 @@ type PublisherConfig struct {
 // partitioner); value = payload; headers event-id, event-type,
 // aggregate-type, aggregate-seq and the message's own headers.
 type Publisher struct {
-	cl *kgo.Client
+	cl       *kgo.Client
+	maxBatch func(topic string) int32
 }
 
 var _ outbox.Publisher = (*Publisher)(nil)
@@ -87,29 +89,79 @@ func NewPublisher(client *kgo.Client, cfg *PublisherConfig) (*Publisher, error) 
 			return nil, fmt.Errorf("%w: AllowIdempotentProduceCancellation is set", ErrWeakProducer)
 		}
 	}
-	return &Publisher{cl: client}, nil
+	p := &Publisher{cl: client}
+	p.maxBatch, _ = client.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32)
+	return p, nil
 }
+
+// recordOverhead bounds a record's framing inside a batch plus the batch
+// header (61 bytes) with room to spare.
+const recordOverhead = 512
 
 // Publish produces events with one ProduceSync call and waits for every
 // record's result. ctx (the relay's batch context) bounds the wait. It
 // returns nil when all were written, an *outbox.BatchError naming the
 // failed ones otherwise.
+//
+// Order within an aggregate: once a record of an aggregate fails, no later
+// record of it may land ahead of its retry. franz-go guarantees that for
+// failures inside a partition's idempotent stream, but it fails a record
+// that is too large for a batch (or has no topic) on its own, before
+// buffering, and produces the records behind it. Publish therefore checks
+// those conditions first and does not produce the rest of such an
+// aggregate in this batch.
 func (p *Publisher) Publish(ctx context.Context, events []outbox.Event) error {
-	recs := make([]*kgo.Record, len(events))
-	for i, e := range events {
-		recs[i] = Record(e)
-	}
-	res := p.cl.ProduceSync(ctx, recs...)
-	if res.FirstErr() == nil {
-		return nil
-	}
 	errs := make([]error, len(events))
-	for i, r := range res {
-		if r.Err != nil {
-			errs[i] = fmt.Errorf("kafka: produce to %s: %w", recs[i].Topic, r.Err)
+	failed := false
+	blocked := map[[2]string]string{}
+	recs := make([]*kgo.Record, 0, len(events))
+	idx := make([]int, 0, len(events))
+	for i, e := range events {
+		k := [2]string{e.AggregateType, e.AggregateID}
+		r := Record(e)
+		switch {
+		case blocked[k] != "":
+			errs[i] = fmt.Errorf("%w: behind failed event %s", ErrHeldBack, blocked[k])
+		case r.Topic == "":
+			errs[i] = fmt.Errorf("kafka: event %s has no topic", e.EventID)
+		case p.maxBatch != nil && recordSize(r)+recordOverhead > int(p.maxBatch(r.Topic)):
+			errs[i] = fmt.Errorf("kafka: event %s: %w (%d bytes, batch limit %d)",
+				e.EventID, kerr.MessageTooLarge, recordSize(r), p.maxBatch(r.Topic))
+		default:
+			recs = append(recs, r)
+			idx = append(idx, i)
+			continue
+		}
+		failed = true
+		if blocked[k] == "" {
+			blocked[k] = e.EventID
 		}
 	}
+	if len(recs) == 0 {
+		return &outbox.BatchError{Errs: errs}
+	}
+	for j, res := range p.cl.ProduceSync(ctx, recs...) {
+		if res.Err != nil {
+			failed = true
+			errs[idx[j]] = fmt.Errorf("kafka: produce to %s: %w", res.Record.Topic, res.Err)
+		}
+	}
+	if !failed {
+		return nil
+	}
 	return &outbox.BatchError{Errs: errs}
+}
+
+// ErrHeldBack is the error of an event not produced because an earlier
+// event of its aggregate failed in the same batch.
+var ErrHeldBack = errors.New("kafka: held back behind a failed event of the same aggregate")
+
+func recordSize(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
 }
 
 // Record is the Kafka record Publisher produces for e.
