@@ -22,6 +22,12 @@ type IdempotencyKey struct {
 	ExpiresAt       pgtype.Timestamptz
 }
 
+type OutboxAggregate struct {
+	AggregateType string
+	AggregateID   string
+	LastSeq       int64
+}
+
 type OutboxEvent struct {
 	ID            int64
 	Topic         string
