@@ -224,10 +224,31 @@ func IsPermanent(err error) bool {
 }
 
 // Consumer runs a Handler for every record of a consumer group, in a
-// database transaction that also records the event in processed_event, and
-// commits the record's offset only after that transaction committed.
-// Records of one partition are processed in order, one at a time (or one
-// batch at a time); partitions are processed in turn on one goroutine.
+// database transaction that also records the event in processed_event
+// (package inbox), and commits the record's offset only after that
+// transaction committed.
+//
+// Guarantee: each event's handler effects commit exactly once per
+// ConsumerID, through crashes at any point (SIGKILL included), rebalances,
+// redeliveries and duplicate publishes with the same event id. The crash
+// windows, step by step:
+//   - before the DB commit: the transaction rolls back, the offset was not
+//     committed, the record comes back and is handled then;
+//   - after the DB commit, before the offset commit: the record comes back,
+//     MarkProcessedTx reports a repeat, the handler is not called;
+//   - after the offset commit: the record does not come back.
+//
+// Order: records of one partition are processed in order, one at a time (or
+// one batch at a time); partitions are processed in turn on one goroutine.
+// A record the handler keeps failing on goes to the dead-letter topic after
+// MaxAttempts, so it cannot block its partition.
+//
+// Not guaranteed: effects outside the handler's transaction (they may
+// repeat: use an outbox row instead); dead-letter records are at-least-once
+// (a crash after the dead-letter produce and before the offset commit sends
+// the record again); duplicates older than the processed_event retention
+// are handled again; a deterministic failure of the transaction itself (not
+// the handler, e.g. a deferred constraint at COMMIT) is retried for ever.
 type Consumer struct {
 	db      Beginner
 	handler Handler
