@@ -51,14 +51,12 @@ type Publisher struct {
 var _ outbox.Publisher = (*Publisher)(nil)
 
 // ProducerOpts are the client options the publisher expects, spelled out:
-// acks from all in-sync replicas, idempotent writes (franz-go's defaults,
-// which NewPublisher verifies) and unlimited record retries within the
-// batch context. Pass them to kgo.NewClient with the seed brokers.
+// acks from all in-sync replicas with idempotent writes (franz-go's
+// defaults, which NewPublisher verifies). Record retries stay unlimited
+// (the default): the relay's batch context bounds a publish instead.
+// Pass them to kgo.NewClient with the seed brokers.
 func ProducerOpts() []kgo.Opt {
-	return []kgo.Opt{
-		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.RecordRetries(-1),
-	}
+	return []kgo.Opt{kgo.RequiredAcks(kgo.AllISRAcks())}
 }
 
 // NewPublisher returns a publisher over client, which the caller owns and
