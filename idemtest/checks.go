@@ -251,6 +251,10 @@ func checkConcurrency(ctx context.Context, r *runner, res *Result) {
 	for _, p := range all {
 		res.Evidence = append(res.Evidence, exchange(o, p))
 	}
+	// Counted before the request below, which a server that ignores keys
+	// would execute once more. Every execution of the race is done by now:
+	// each answered its racer.
+	counted := v.executions(ctx, c, 1, fmt.Sprintf("%d concurrent requests with one key", len(all)))
 	o.label = "after the race"
 	final := r.settle(ctx, res, o)
 	if !final.ok() {
@@ -275,7 +279,6 @@ func checkConcurrency(ctx context.Context, r *runner, res *Result) {
 		// racer's execution answered nobody, or the settle request ran it.
 		res.Notes = append(res.Notes, "no racing request got the result; it came from the request after the race")
 	}
-	counted := v.executions(ctx, c, 1, fmt.Sprintf("%d concurrent requests with one key", len(all)))
 	how := "identical responses"
 	if counted {
 		how = "count"

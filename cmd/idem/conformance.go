@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/cli"
+)
+
+func init() {
+	register(&cli.Command{
+		Name:    "conformance",
+		Summary: "check a live endpoint's Idempotency-Key behaviour",
+		Run:     runConformance,
+	})
+}
+
+const conformanceUsage = `Usage: idem conformance --url URL --body FILE [flags]
+
+Runs the Idempotency-Key conformance checks (package idemtest) against a live
+endpoint and prints one line per check: pass, fail or skip, with evidence.
+Exit status 0 when nothing failed, 1 when a check failed, 2 for bad flags.
+
+Checks: baseline, missing-key, invalid-key, replay, mismatch, concurrency,
+principals (needs --principal-b-header), quoted-key, retry-after,
+server-error-released (needs --fault-header), expiry (needs --ttl).
+
+Every check uses fresh random keys and sends real requests: point it at a
+test or staging deployment, never at production money.
+
+Examples:
+  idem conformance --url http://127.0.0.1:8090/charges --body charge.json \
+    --count-url http://127.0.0.1:8090/ledger
+  idem conformance --url http://127.0.0.1:8080/orders --body order.json \
+    --header 'Authorization: Bearer demo-alice' \
+    --principal-b-header 'Authorization: Bearer demo-bob'`
+
+// headerFlag collects repeated 'Name: value' flags.
+type headerFlag struct{ h http.Header }
+
+func (f *headerFlag) String() string { return "" }
+
+func (f *headerFlag) Set(s string) error {
+	name, value, ok := strings.Cut(s, ":")
+	name = strings.TrimSpace(name)
+	if !ok || name == "" || strings.ContainsAny(name, " \t") {
+		return fmt.Errorf("want 'Name: value', got %q", s)
+	}
+	if f.h == nil {
+		f.h = http.Header{}
+	}
+	f.h.Add(name, strings.TrimSpace(value))
+	return nil
+}
+
+func runConformance(ctx context.Context, args []string) error {
+	fs := cli.FlagSet("conformance", conformanceUsage)
+	var headers, principalB, fault headerFlag
+	url := fs.String("url", "", "endpoint `URL` to check (required)")
+	method := fs.String("method", http.MethodPost, "HTTP method of the endpoint")
+	bodyFile := fs.String("body", "", "`FILE` with a request body the endpoint accepts with a 2xx ('-' for stdin)")
+	altBodyFile := fs.String("alt-body", "", "`FILE` with a second valid body, for mismatch and expiry (default: --body with its first JSON number incremented)")
+	fs.Var(&headers, "header", "'Name: value' sent on every request (repeatable), e.g. 'Authorization: Bearer demo-alice'")
+	fs.Var(&principalB, "principal-b-header", "'Name: value' set over --header to act as a second principal (repeatable); enables the principals check")
+	fs.Var(&fault, "fault-header", "'Name: value' that makes the endpoint answer 5xx without executing (repeatable); enables server-error-released")
+	countURL := fs.String("count-url", "", "`URL` read with GET before and after each check to count executions: a number, an array, {\"count\":n} or an object with a list (paysim's /ledger)")
+	concurrency := fs.Int("concurrency", idemtest.ConcurrencyDefault, "requests racing on one key")
+	ttl := fs.Duration("ttl", 0, "key retention the endpoint is configured with; enables the expiry check (waits that long)")
+	keyHeader := fs.String("key-header", idemtest.KeyHeaderDefault, "header carrying the key")
+	timeout := fs.Duration("timeout", idemtest.RequestTimeoutDefault, "bound on each request")
+	asJSON := fs.Bool("json", false, "print the report as one JSON object")
+	verbose := fs.Bool("v", false, "print the evidence of every check, not only of failed ones")
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return cli.Usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if *url == "" {
+		return cli.Usagef("--url is required")
+	}
+	if *timeout <= 0 {
+		return cli.Usagef("--timeout must be positive")
+	}
+	body, err := readBodyFlag("body", *bodyFile)
+	if err != nil {
+		return err
+	}
+	var altBody []byte
+	if *altBodyFile != "" {
+		if altBody, err = readBodyFlag("alt-body", *altBodyFile); err != nil {
+			return err
+		}
+	}
+	target := idemtest.Target{
+		URL:            *url,
+		Method:         strings.ToUpper(*method),
+		Body:           body,
+		AltBody:        altBody,
+		Header:         headers.h,
+		PrincipalB:     principalB.h,
+		FaultHeader:    fault.h,
+		CountURL:       *countURL,
+		Concurrency:    *concurrency,
+		TTL:            *ttl,
+		KeyHeader:      *keyHeader,
+		RequestTimeout: *timeout,
+	}
+	// The whole run: every request bounded, plus the TTL wait.
+	ctx, cancel := context.WithTimeout(ctx, 20*(*timeout)+2*(*ttl)+time.Minute)
+	defer cancel()
+	rep, err := idemtest.Run(ctx, target)
+	if err != nil {
+		return cli.Usagef("%s", strings.TrimPrefix(err.Error(), "idemtest: "))
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else if err := rep.WriteTable(os.Stdout, *verbose); err != nil {
+		return err
+	}
+	if failed := rep.Names(idemtest.Fail); len(failed) > 0 {
+		return fmt.Errorf("%d of %d checks failed: %s", len(failed), len(rep.Results), strings.Join(failed, ", "))
+	}
+	return nil
+}
+
+// readBodyFlag reads a body file; a missing or unreadable file is bad
+// input (exit 2), named by its flag.
+func readBodyFlag(flagName, path string) ([]byte, error) {
+	if path == "" {
+		return nil, nil
+	}
+	var b []byte
+	var err error
+	if path == "-" {
+		b, err = io.ReadAll(os.Stdin)
+	} else {
+		b, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return nil, cli.Usagef("--%s: %v", flagName, err)
+	}
+	return b, nil
+}
