@@ -1,0 +1,149 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/testdb"
+)
+
+// The CI chaos run: about 300 POSTs against 3 billing instances, several
+// SIGKILLs and SIGTERMs, one broker restart, paysim dropping and failing.
+// Every confirmed order and payment must be charged exactly once.
+func TestChaosEndToEnd(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, testdb.Empty())
+	var log bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, &Config{
+		IdemBin: needIdem(t), BillingBin: needBilling(t), DatabaseURL: db.URL,
+		Orders: 100, Payments: 50, Instances: 3,
+		Kills: 3, Terms: 2, BrokerRestarts: 1,
+		DropRate: 0.2, FailRate: 0.1, Seed: 42,
+		Progress: &log,
+	})
+	if rep != nil {
+		var out strings.Builder
+		rep.WriteText(&out)
+		t.Log(out.String())
+	}
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, log.String())
+	}
+	if !rep.Pass {
+		t.Fatalf("violations (logs in %s):\n%s", rep.WorkDir, log.String())
+	}
+	if rep.Kills != 3 || rep.Terms != 2 || rep.BrokerRestarts != 1 || rep.Restarts != 5 {
+		t.Errorf("chaos not carried out: %d kills, %d terms, %d broker restarts, %d restarts", rep.Kills, rep.Terms, rep.BrokerRestarts, rep.Restarts)
+	}
+	if rep.Operations != 300 {
+		t.Errorf("operations %d, want 300", rep.Operations)
+	}
+	if rep.ConfirmedOrders != 100 || rep.AcceptedPayments != 50 || rep.Charged+rep.Failed != 150 || rep.LedgerCharges != rep.Charged {
+		t.Errorf("audit figures: %+v", rep)
+	}
+	if rep.ClientRetries == 0 || rep.Stopped.HTTPReplays == 0 {
+		t.Errorf("no retries or replays: the run proved nothing about the key layer: %+v", rep)
+	}
+}
+
+// --unsafe=key: the driver mints a fresh key on every retry, so a lost
+// answer to POST /payments becomes a second payment and a second charge.
+// The audit must say so.
+func TestChaosUnsafeKeyIsCaught(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, testdb.Empty())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, &Config{
+		IdemBin: needIdem(t), BillingBin: needBilling(t), DatabaseURL: db.URL,
+		Orders: 10, Payments: 20, Instances: 2, Kills: 1,
+		DropRate: 0.2, Seed: 7, Unsafe: UnsafeKey,
+	})
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	var out strings.Builder
+	rep.WriteText(&out)
+	t.Log(out.String())
+	if rep.Pass {
+		t.Fatal("unsafe=key run passed: the audit cannot see double charges")
+	}
+	charged := false
+	for _, v := range rep.Violations {
+		if v.Kind == "double-charge" || v.Kind == "orphan-charge" {
+			charged = true
+		}
+	}
+	if !charged {
+		t.Fatalf("no double or orphan charge among %+v", rep.Violations)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	ok := Config{IdemBin: "i", BillingBin: "b", DatabaseURL: "d"}
+	testCases := []struct {
+		name   string
+		mutate func(c *Config)
+		field  string
+	}{
+		{"no idem", func(c *Config) { c.IdemBin = "" }, "IdemBin"},
+		{"no billing", func(c *Config) { c.BillingBin = "" }, "BillingBin"},
+		{"no database", func(c *Config) { c.DatabaseURL = "" }, "DatabaseURL"},
+		{"negative orders", func(c *Config) { c.Orders = -1 }, "Orders"},
+		{"kills with one instance", func(c *Config) { c.Instances, c.Kills = 1, 1 }, "Instances"},
+		{"broker restarts with external kafka", func(c *Config) { c.KafkaBrokers, c.BrokerRestarts = "k:9092", 1 }, "BrokerRestarts"},
+		{"drop rate 1", func(c *Config) { c.DropRate = 1 }, "DropRate"},
+		{"unknown unsafe layer", func(c *Config) { c.Unsafe = "everything" }, "Unsafe"},
+	}
+	for _, tt := range testCases {
+		t.Run(tt.name, func(t *testing.T) {
+			c := ok
+			tt.mutate(&c)
+			_, err := Run(context.Background(), &c)
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tt.field) {
+				t.Fatalf("err %v, want ErrConfig naming %s", err, tt.field)
+			}
+		})
+	}
+}
+
+// The billing CLI's chaos and demo commands: help, and one-line errors with
+// exit status 2 for bad flags.
+func TestCLIFlags(t *testing.T) {
+	t.Parallel()
+	bin := needBilling(t)
+	run := func(args ...string) (string, string, int) {
+		cmd := exec.Command(bin, args...)
+		var o, e strings.Builder
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err := cmd.Run()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return o.String(), e.String(), code
+	}
+	for _, c := range []string{"chaos", "demo"} {
+		out, _, code := run(c, "--help")
+		if code != 0 || !strings.Contains(out, "-unsafe") || !strings.Contains(out, "Usage: billing "+c) {
+			t.Errorf("%s --help: exit %d, %q", c, code, out)
+		}
+		for _, args := range [][]string{{"--bogus"}, {"--unsafe", "everything"}, {"--drop-rate", "1.5"}, {"--instances", "1", "--kills", "2"}, {"extra"}} {
+			_, stderr, code := run(append([]string{c}, args...)...)
+			if code != 2 || strings.Count(stderr, "\n") != 1 {
+				t.Errorf("%s %v: exit %d, stderr %q; want 2 and one line", c, args, code, stderr)
+			}
+		}
+	}
+}
