@@ -1,7 +1,6 @@
 package idempotency_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -139,10 +138,4 @@ func eventually(t *testing.T, what string, f func() bool) {
 		}
 		time.Sleep(2 * time.Millisecond) // polling interval, not a wait for an event
 	}
-}
-
-func mustJSON(v any) string {
-	var b bytes.Buffer
-	_ = json.NewEncoder(&b).Encode(v)
-	return b.String()
 }

@@ -63,10 +63,12 @@ LEFT JOIN idempotency_key AS p ON p.key_hash = @key_hash::bytea;
 -- once. The lock CTE is referenced twice, so PostgreSQL evaluates it once,
 -- and the INSERT takes its rows from it, so the lock is taken before the
 -- INSERT looks for a conflict. The lock is released at commit or rollback.
+-- Advisory locks are database-wide: the table oid is mixed into the lock id
+-- so that the same key in two schemas (two applications) never collides.
 -- A row committed by the previous holder after our snapshot gives retry,
 -- as in Claim.
 WITH lock AS (
-    SELECT pg_try_advisory_xact_lock(@lock_id::bigint) AS got
+    SELECT pg_try_advisory_xact_lock(@lock_id::bigint # 'idempotency_key'::regclass::oid::bigint) AS got
 ), claimed AS (
     INSERT INTO idempotency_key AS k (key_hash, fingerprint, state, locked_until, expires_at)
     SELECT @key_hash::bytea, @fingerprint::bytea, 'claimed',

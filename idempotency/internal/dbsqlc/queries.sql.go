@@ -102,7 +102,7 @@ func (q *Queries) Claim(ctx context.Context, arg ClaimParams) (ClaimRow, error) 
 
 const claimTx = `-- name: ClaimTx :one
 WITH lock AS (
-    SELECT pg_try_advisory_xact_lock($3::bigint) AS got
+    SELECT pg_try_advisory_xact_lock($3::bigint # 'idempotency_key'::regclass::oid::bigint) AS got
 ), claimed AS (
     INSERT INTO idempotency_key AS k (key_hash, fingerprint, state, locked_until, expires_at)
     SELECT $2::bytea, $1::bytea, 'claimed',
@@ -171,6 +171,8 @@ type ClaimTxRow struct {
 // once. The lock CTE is referenced twice, so PostgreSQL evaluates it once,
 // and the INSERT takes its rows from it, so the lock is taken before the
 // INSERT looks for a conflict. The lock is released at commit or rollback.
+// Advisory locks are database-wide: the table oid is mixed into the lock id
+// so that the same key in two schemas (two applications) never collides.
 // A row committed by the previous holder after our snapshot gives retry,
 // as in Claim.
 func (q *Queries) ClaimTx(ctx context.Context, arg ClaimTxParams) (ClaimTxRow, error) {
