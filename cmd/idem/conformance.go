@@ -75,6 +75,7 @@ func runConformance(ctx context.Context, args []string) error {
 	ttl := fs.Duration("ttl", 0, "key retention the endpoint is configured with; enables the expiry check (waits that long)")
 	keyHeader := fs.String("key-header", idemtest.KeyHeaderDefault, "header carrying the key")
 	timeout := fs.Duration("timeout", idemtest.RequestTimeoutDefault, "bound on each request")
+	settle := fs.Duration("settle", idemtest.SettleTimeoutDefault, "how long to wait for a raced key to complete, and for a key to become usable after --ttl")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	verbose := fs.Bool("v", false, "print the evidence of every check, not only of failed ones")
 	if err := cli.Parse(fs, args); err != nil {
@@ -86,8 +87,8 @@ func runConformance(ctx context.Context, args []string) error {
 	if *url == "" {
 		return cli.Usagef("--url is required")
 	}
-	if *timeout <= 0 {
-		return cli.Usagef("--timeout must be positive")
+	if *timeout <= 0 || *settle <= 0 {
+		return cli.Usagef("--timeout and --settle must be positive")
 	}
 	body, err := readBodyFlag("body", *bodyFile)
 	if err != nil {
@@ -112,9 +113,10 @@ func runConformance(ctx context.Context, args []string) error {
 		TTL:            *ttl,
 		KeyHeader:      *keyHeader,
 		RequestTimeout: *timeout,
+		SettleTimeout:  *settle,
 	}
 	// The whole run: every request bounded, plus the TTL wait.
-	ctx, cancel := context.WithTimeout(ctx, 20*(*timeout)+2*(*ttl)+time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 20*(*timeout)+2*(*settle)+(*ttl)+time.Minute)
 	defer cancel()
 	rep, err := idemtest.Run(ctx, target)
 	if err != nil {

@@ -1,15 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -193,5 +196,74 @@ func TestConformanceCLIHelp(t *testing.T) {
 	stdout, stderr, code := runIdem(t, nil, "conformance", "--help")
 	if code != 0 || stderr != "" || !strings.Contains(stdout, "Usage: idem conformance") || !strings.Contains(stdout, "-principal-b-header") {
 		t.Fatalf("exit %d, stderr %q\n%s", code, stderr, stdout)
+	}
+}
+
+// startPaysimProcess runs `idem paysim` on a random loopback port and
+// returns its base URL; the process gets SIGTERM at the end of the test.
+func startPaysimProcess(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(idemBin, append([]string{"paysim", "--addr", "127.0.0.1:0"}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	})
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "paysim listening on "); ok {
+				addr <- a
+			}
+		}
+		close(addr)
+	}()
+	select {
+	case a, ok := <-addr:
+		if !ok {
+			t.Fatal("idem paysim exited before listening")
+		}
+		return "http://" + a
+	case <-time.After(30 * time.Second):
+		t.Fatal("idem paysim did not print its address within 30s")
+	}
+	return ""
+}
+
+// TestConformanceCLIAgainstPaysimProcess: two real processes, idem
+// conformance against idem paysim over loopback. With a latency that
+// widens the in-progress window every check the run can judge passes;
+// stating a 1s TTL to a simulator that keeps keys for 24h fails expiry,
+// exit status 1.
+func TestConformanceCLIAgainstPaysimProcess(t *testing.T) {
+	t.Parallel()
+	url := startPaysimProcess(t, "--latency", "100ms")
+	args := []string{"conformance", "--url", url + "/charges", "--body", bodyFile(t),
+		"--header", "Authorization: Bearer demo-alice", "--count-url", url + "/ledger", "--json"}
+	stdout, stderr, code := runIdem(t, nil, args...)
+	if code != 0 || stderr != "" {
+		t.Fatalf("exit %d, stderr %q\n%s", code, stderr, stdout)
+	}
+	var rep idemtest.Report
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Names(idemtest.Pass); len(got) != 8 {
+		t.Fatalf("passed %v, want 8 (all but principals, server-error-released, expiry)\n%s", got, stdout)
+	}
+
+	stdout, stderr, code = runIdem(t, nil, append(args[:len(args)-1], "--ttl", "1s", "--settle", "500ms")...)
+	if code != 1 || !strings.Contains(stderr, "1 of 11 checks failed: expiry") {
+		t.Fatalf("exit %d, stderr %q, want 1 naming expiry\n%s", code, stderr, stdout)
+	}
+	if !strings.Contains(stdout, "still answers 409 IDEMPOTENCY_KEY_REUSED") {
+		t.Fatalf("expiry evidence missing:\n%s", stdout)
 	}
 }
