@@ -8,6 +8,11 @@
 -- statement sees the same snapshot: it tells a takeover from a fresh claim
 -- and, when nothing was claimed, why (replay, mismatch, in progress).
 --
+-- The INSERT takes its row from a SELECT that is empty when the snapshot
+-- already shows a live record that cannot be claimed (a replay, a mismatch,
+-- an in-progress claim): the common replay is then a pure read, with no row
+-- lock, no transaction id, no WAL and no commit flush.
+--
 -- Race: a concurrent claimer may insert the row after our snapshot. Our
 -- INSERT then waits for it, finds the conflict and (its lease being live)
 -- claims nothing, while prev, from the older snapshot, sees no row (or the
@@ -15,9 +20,15 @@
 -- statement again with a fresh snapshot.
 WITH claimed AS (
     INSERT INTO idempotency_key AS k (key_hash, fingerprint, state, locked_until, expires_at)
-    VALUES (@key_hash::bytea, @fingerprint::bytea, 'claimed',
-            now() + make_interval(secs => @lease_s::float8),
-            now() + make_interval(secs => @retention_s::float8))
+    SELECT @key_hash::bytea, @fingerprint::bytea, 'claimed',
+           now() + make_interval(secs => @lease_s::float8),
+           now() + make_interval(secs => @retention_s::float8)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM idempotency_key AS live
+        WHERE live.key_hash = @key_hash::bytea
+          AND live.expires_at > now()
+          AND NOT (live.fingerprint = @fingerprint::bytea
+                   AND (live.state = 'released' OR (live.state = 'claimed' AND live.locked_until <= now()))))
     ON CONFLICT (key_hash) DO UPDATE
         SET fingerprint = excluded.fingerprint,
             state = 'claimed',
@@ -75,6 +86,12 @@ WITH lock AS (
            now() + make_interval(secs => @lease_s::float8),
            now() + make_interval(secs => @retention_s::float8)
     FROM lock WHERE lock.got
+      AND NOT EXISTS (
+        SELECT 1 FROM idempotency_key AS live
+        WHERE live.key_hash = @key_hash::bytea
+          AND live.expires_at > now()
+          AND NOT (live.fingerprint = @fingerprint::bytea
+                   AND (live.state = 'released' OR (live.state = 'claimed' AND live.locked_until <= now()))))
     ON CONFLICT (key_hash) DO UPDATE
         SET fingerprint = excluded.fingerprint,
             state = 'claimed',

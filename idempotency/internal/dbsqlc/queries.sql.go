@@ -12,9 +12,15 @@ import (
 const claim = `-- name: Claim :one
 WITH claimed AS (
     INSERT INTO idempotency_key AS k (key_hash, fingerprint, state, locked_until, expires_at)
-    VALUES ($2::bytea, $1::bytea, 'claimed',
-            now() + make_interval(secs => $3::float8),
-            now() + make_interval(secs => $4::float8))
+    SELECT $2::bytea, $1::bytea, 'claimed',
+           now() + make_interval(secs => $3::float8),
+           now() + make_interval(secs => $4::float8)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM idempotency_key AS live
+        WHERE live.key_hash = $2::bytea
+          AND live.expires_at > now()
+          AND NOT (live.fingerprint = $1::bytea
+                   AND (live.state = 'released' OR (live.state = 'claimed' AND live.locked_until <= now()))))
     ON CONFLICT (key_hash) DO UPDATE
         SET fingerprint = excluded.fingerprint,
             state = 'claimed',
@@ -76,6 +82,11 @@ type ClaimRow struct {
 // statement sees the same snapshot: it tells a takeover from a fresh claim
 // and, when nothing was claimed, why (replay, mismatch, in progress).
 //
+// The INSERT takes its row from a SELECT that is empty when the snapshot
+// already shows a live record that cannot be claimed (a replay, a mismatch,
+// an in-progress claim): the common replay is then a pure read, with no row
+// lock, no transaction id, no WAL and no commit flush.
+//
 // Race: a concurrent claimer may insert the row after our snapshot. Our
 // INSERT then waits for it, finds the conflict and (its lease being live)
 // claims nothing, while prev, from the older snapshot, sees no row (or the
@@ -109,6 +120,12 @@ WITH lock AS (
            now() + make_interval(secs => $4::float8),
            now() + make_interval(secs => $5::float8)
     FROM lock WHERE lock.got
+      AND NOT EXISTS (
+        SELECT 1 FROM idempotency_key AS live
+        WHERE live.key_hash = $2::bytea
+          AND live.expires_at > now()
+          AND NOT (live.fingerprint = $1::bytea
+                   AND (live.state = 'released' OR (live.state = 'claimed' AND live.locked_until <= now()))))
     ON CONFLICT (key_hash) DO UPDATE
         SET fingerprint = excluded.fingerprint,
             state = 'claimed',
