@@ -18,9 +18,9 @@
 //     If this fails every other check is skipped: nothing else can be
 //     judged.
 //   - missing-key: no key → 400 (or 428), no execution.
-//   - invalid-key: a key of 256 characters, with a tab, with a space,
-//     with non-ASCII bytes, or empty → 400, no execution; the 255-character
-//     key (the longest legal one) succeeds.
+//   - invalid-key: a key of 256 characters, with a tab, a space, a 0x01 or
+//     a DEL, with non-ASCII bytes, or empty → 400, no execution; the
+//     255-character key (the longest legal one) succeeds.
 //   - replay: the same key and body twice → the same status and a
 //     byte-identical body, one execution; whether the replay carries
 //     Idempotent-Replayed: true is reported.
@@ -48,6 +48,9 @@
 // else may write to it while a check runs. Concurrency checks race real
 // requests; a fast endpoint may finish before the next request arrives, so
 // the in-progress answer may never be observed (retry-after is then
-// skipped, not passed): Target.Hold makes it deterministic. Control
-// characters other than tab cannot be sent by net/http and are not tried.
+// skipped, not passed): Target.Hold makes it deterministic. Keys with
+// control characters other than tab, which net/http refuses to send, are
+// written by hand over TCP for http:// targets only (not through
+// Target.Client); most HTTP servers, Go's included, refuse them before the
+// application sees them.
 package idemtest

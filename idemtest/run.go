@@ -1,15 +1,19 @@
 package idemtest
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -241,6 +245,10 @@ func (r *runner) send(ctx context.Context, o reqOpts) response {
 		return response{err: err, dur: time.Since(start), header: http.Header{}}
 	}
 	defer resp.Body.Close()
+	return readResponse(resp, start)
+}
+
+func readResponse(resp *http.Response, start time.Time) response {
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 	p := response{status: resp.StatusCode, header: resp.Header, body: body, dur: time.Since(start), err: err}
 	if strings.Contains(resp.Header.Get("Content-Type"), "json") {
@@ -357,4 +365,61 @@ func parseCount(body []byte) (int64, error) {
 		}
 	}
 	return 0, errCountUnparsed
+}
+
+// errRawNeedsHTTP: raw requests are written by hand over TCP, plain http
+// only.
+var errRawNeedsHTTP = errors.New("raw requests need an http:// URL")
+
+// sendRaw writes the request by hand over a fresh TCP connection, for key
+// values net/http refuses to send (control characters other than tab). It
+// bypasses Target.Client.
+func (r *runner) sendRaw(ctx context.Context, o reqOpts) response {
+	u, err := url.Parse(r.url)
+	if err != nil || u.Scheme != "http" {
+		return response{err: errRawNeedsHTTP, header: http.Header{}}
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "80")
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.t.RequestTimeout)
+	defer cancel()
+	start := time.Now()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", host)
+	if err != nil {
+		return response{err: err, header: http.Header{}, dur: time.Since(start)}
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\n", r.t.Method, u.RequestURI(), u.Host)
+	h := r.t.Header.Clone()
+	for k, v := range o.header {
+		h[k] = v
+	}
+	h.Del("Content-Length")
+	h.Del("Connection")
+	for k, vs := range h {
+		for _, v := range vs {
+			fmt.Fprintf(&b, "%s: %s\r\n", k, v)
+		}
+	}
+	if o.key != nil {
+		fmt.Fprintf(&b, "%s: %s\r\n", r.t.KeyHeader, *o.key)
+	}
+	fmt.Fprintf(&b, "Content-Length: %d\r\nConnection: close\r\n\r\n", len(o.body))
+	b.Write(o.body)
+	if _, err := conn.Write(b.Bytes()); err != nil {
+		return response{err: err, header: http.Header{}, dur: time.Since(start)}
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return response{err: err, header: http.Header{}, dur: time.Since(start)}
+	}
+	defer resp.Body.Close()
+	return readResponse(resp, start)
 }
