@@ -6,10 +6,15 @@
 // Call Run from a test of the store's package:
 //
 //	func TestStore(t *testing.T) {
-//		storetest.Run(t, func(t *testing.T) idempotency.Store {
+//		storetest.RunTx(t, func(t *testing.T) idempotency.TxStore {
 //			return idempotency.NewPostgresStore(testdb.New(t).Pool)
 //		})
 //	}
+//
+// A TxStore (one that also claims inside a transaction, for
+// ModeTransactional) runs RunTx instead, which adds the transactional claim:
+// commit, rollback, and racing transactional claims that must answer
+// in-progress without waiting for the winner's open transaction.
 //
 // newStore is called once per subtest and must return an empty store of
 // its own; subtests run in parallel. Leases and retentions are short real

@@ -28,7 +28,7 @@ func TestMemoryStore(t *testing.T) {
 
 func TestPostgresStore(t *testing.T) {
 	t.Parallel()
-	storetest.Run(t, func(t *testing.T) idempotency.Store {
+	storetest.RunTx(t, func(t *testing.T) idempotency.TxStore {
 		// Racers claim at once: give them connections to race on.
 		return idempotency.NewPostgresStore(testdb.New(t, testdb.MaxConns(storetest.Racers/2)).Pool)
 	})

@@ -1,0 +1,150 @@
+package storetest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/idempotency"
+)
+
+// RunTx runs the suite of Run and, in addition, the transactional claim
+// (ModeTransactional): BeginClaim, CommitComplete, rollback, and racing
+// transactional claims that must not wait for each other.
+func RunTx(t *testing.T, newStore func(t *testing.T) idempotency.TxStore) {
+	t.Helper()
+	Run(t, func(t *testing.T) idempotency.Store { return newStore(t) })
+	for _, tt := range []struct {
+		name string
+		fn   func(t *testing.T, s idempotency.TxStore)
+	}{
+		{"TxClaimCommitReplay", testTxCommit},
+		{"TxRollbackLeavesNoTrace", testTxRollback},
+		{"TxConcurrentClaimsOneWinnerNoWait", testTxConcurrent},
+		{"TxNotClaimedLeavesNoTx", testTxNotClaimed},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tt.fn(t, newStore(t))
+		})
+	}
+}
+
+func beginClaim(t *testing.T, s idempotency.TxStore, c idempotency.Claim, want idempotency.Outcome) (pgx.Tx, idempotency.ClaimResult) {
+	t.Helper()
+	tx, res, err := s.BeginClaim(t.Context(), c)
+	if err != nil {
+		t.Fatalf("BeginClaim: %v", err)
+	}
+	if res.Outcome != want {
+		if tx != nil {
+			_ = tx.Rollback(context.WithoutCancel(t.Context()))
+		}
+		t.Fatalf("BeginClaim outcome %s, want %s", res.Outcome, want)
+	}
+	owns := want == idempotency.OutcomeClaimed || want == idempotency.OutcomeTookOver
+	if owns != (tx != nil) {
+		t.Fatalf("BeginClaim %s returned tx %v: an open transaction exactly when the key is owned", res.Outcome, tx)
+	}
+	if owns && res.Fence <= 0 {
+		t.Fatalf("%s with fence %d", res.Outcome, res.Fence)
+	}
+	return tx, res
+}
+
+func testTxCommit(t *testing.T, s idempotency.TxStore) {
+	k := newKey(t)
+	tx, r := beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeClaimed)
+	if err := s.CommitComplete(t.Context(), tx, k, r.Fence, sampleResponse(), Long); err != nil {
+		t.Fatal(err)
+	}
+	got := mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
+	sameResponse(t, got.Response, sampleResponse())
+	_, got = beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
+	sameResponse(t, got.Response, sampleResponse())
+	beginClaim(t, s, claimOf(k, fp("b"), Long, Long), idempotency.OutcomeMismatch)
+}
+
+// testTxRollback: a crash (or a failing handler) in transactional mode
+// rolls the claim back with everything else, so a retry runs at once, even
+// with another body.
+func testTxRollback(t *testing.T, s idempotency.TxStore) {
+	k := newKey(t)
+	tx, _ := beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeClaimed)
+	if err := tx.Rollback(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	tx, _ = beginClaim(t, s, claimOf(k, fp("b"), Long, Long), idempotency.OutcomeClaimed)
+	if err := tx.Rollback(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	mustClaim(t, s, claimOf(k, fp("c"), Long, Long), idempotency.OutcomeClaimed)
+}
+
+// testTxConcurrent: Racers transactional claims of one key at once. The
+// winner keeps its transaction open until every other racer has answered,
+// so a racer that waited for the winner's transaction (instead of
+// answering in-progress at once) would never answer: it runs into the
+// deadline and fails the test.
+func testTxConcurrent(t *testing.T, s idempotency.TxStore) {
+	k := newKey(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	start := make(chan struct{})
+	var (
+		mu     sync.Mutex
+		counts = map[idempotency.Outcome]int{}
+		won    []pgx.Tx
+		fence  int64
+		errs   []error
+		wg     sync.WaitGroup
+	)
+	for range Racers {
+		wg.Go(func() {
+			<-start
+			tx, res, err := s.BeginClaim(ctx, claimOf(k, fp("a"), Long, Long))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			counts[res.Outcome]++
+			if tx != nil {
+				won = append(won, tx)
+				fence = res.Fence
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if len(errs) > 0 {
+		for _, tx := range won {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+		t.Fatalf("%d of %d racing BeginClaims failed (a racer that waits for the winner's transaction times out), first: %v", len(errs), Racers, errs[0])
+	}
+	if len(won) != 1 || counts[idempotency.OutcomeClaimed] != 1 || counts[idempotency.OutcomeInProgress] != Racers-1 {
+		for _, tx := range won {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+		t.Fatalf("%d racing transactional claims: %v with %d open transactions, want exactly 1 claimed and %d in progress", Racers, counts, len(won), Racers-1)
+	}
+	if err := s.CommitComplete(ctx, won[0], k, fence, sampleResponse(), Long); err != nil {
+		t.Fatal(err)
+	}
+	mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
+}
+
+func testTxNotClaimed(t *testing.T, s idempotency.TxStore) {
+	k := newKey(t)
+	r := mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeClaimed)
+	beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeInProgress)
+	if err := s.Complete(t.Context(), k, r.Fence, sampleResponse(), Long); err != nil {
+		t.Fatal(err)
+	}
+	beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
+}
