@@ -1,0 +1,315 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/idem/paysim"
+)
+
+// billingBin is the billing binary, built once by TestMain for every test
+// of this package (serve, demo, chaos).
+var billingBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "billing-cli-")
+	if err != nil {
+		panic(err)
+	}
+	billingBin = filepath.Join(dir, "billing")
+	if out, err := exec.Command("go", "build", "-o", billingBin, ".").CombinedOutput(); err != nil {
+		panic("build billing: " + err.Error() + "\n" + string(out))
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			println("goleak:", err.Error())
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// runBilling runs the binary to completion and returns stdout, stderr and
+// the exit status.
+func runBilling(t *testing.T, env []string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(billingBin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return stdout.String(), stderr.String(), code
+}
+
+// syncBuffer is a goroutine-safe buffer for a child's output.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// serveProc is a running `billing serve`.
+type serveProc struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	Addr   string // bound HTTP address
+	stderr *syncBuffer
+	exited chan struct{}
+	code   int
+}
+
+// startServe runs `billing serve` with env (HTTP_ADDR defaults to
+// 127.0.0.1:0) and waits for the "listening on" line and for /readyz to
+// answer 200. The process is killed at test end if still running.
+func startServe(t *testing.T, env []string, args ...string) *serveProc {
+	t.Helper()
+	hasAddr := false
+	for _, e := range env {
+		hasAddr = hasAddr || strings.HasPrefix(e, "HTTP_ADDR=")
+	}
+	if !hasAddr {
+		env = append(env, "HTTP_ADDR=127.0.0.1:0")
+	}
+	cmd := exec.Command(billingBin, append([]string{"serve"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &serveProc{t: t, cmd: cmd, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addrCh := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "billing: listening on "); ok {
+				addrCh <- a
+			}
+		}
+		err := cmd.Wait()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			p.code = ee.ExitCode()
+		} else if err != nil {
+			p.code = -1
+		}
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			_ = cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+	if strings.Contains(strings.Join(args, " "), "--roles") && !strings.Contains(strings.Join(args, " "), "http") {
+		// No HTTP role: no address, no /readyz; wait for the start log.
+		deadline := time.Now().Add(90 * time.Second)
+		for !strings.Contains(p.stderr.String(), "msg=started") {
+			select {
+			case <-p.exited:
+				t.Fatalf("billing serve exited %d before starting; stderr:\n%s", p.code, p.stderr.String())
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("billing serve did not start within 90s; stderr:\n%s", p.stderr.String())
+			}
+			time.Sleep(20 * time.Millisecond) // polling interval
+		}
+		return p
+	}
+	select {
+	case p.Addr = <-addrCh:
+	case <-p.exited:
+		t.Fatalf("billing serve exited %d before listening; stderr:\n%s", p.code, p.stderr.String())
+	case <-time.After(90 * time.Second):
+		t.Fatalf("billing serve did not listen within 90s; stderr:\n%s", p.stderr.String())
+	}
+	p.waitStatus("/readyz", http.StatusOK)
+	return p
+}
+
+// waitStatus polls GET path until it answers want, for at most 90 s.
+func (p *serveProc) waitStatus(path string, want int) {
+	p.t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		resp, err := http.Get("http://" + p.Addr + path)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == want {
+				return
+			}
+		}
+		select {
+		case <-p.exited:
+			p.t.Fatalf("billing exited %d while waiting for %s = %d; stderr:\n%s", p.code, path, want, p.stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("%s never answered %d; stderr:\n%s", path, want, p.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval
+	}
+}
+
+func (p *serveProc) signal(s syscall.Signal) {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(s); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// wait waits for the exit (at most two minutes) and returns the status.
+func (p *serveProc) wait() int {
+	p.t.Helper()
+	select {
+	case <-p.exited:
+		return p.code
+	case <-time.After(2 * time.Minute):
+		p.t.Fatalf("billing did not exit; stderr:\n%s", p.stderr.String())
+	}
+	return -1
+}
+
+// startPaysim serves the payment-provider simulator's handler on a loopback
+// listener (a real TCP server; its ledger stays inspectable in-process).
+func startPaysim(t *testing.T, cfg *paysim.Config) (string, *paysim.Server) {
+	t.Helper()
+	sim, err := paysim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: sim}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	})
+	return "http://" + ln.Addr().String(), sim
+}
+
+// apiClient speaks billing's HTTP API. Keep-alives are off so that every
+// request is its own connection: after the listener closes, a new request
+// fails at dial, and any other error means a request in flight was dropped.
+type apiClient struct {
+	base  string
+	token string
+	hc    *http.Client
+}
+
+func newClient(addr, token string) *apiClient {
+	return &apiClient{base: "http://" + addr, token: token, hc: &http.Client{
+		Transport: &http.Transport{DisableKeepAlives: true},
+		Timeout:   60 * time.Second,
+	}}
+}
+
+type apiResponse struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+func (r apiResponse) json(t *testing.T) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(r.Body, &m); err != nil {
+		t.Fatalf("body %q: %v", r.Body, err)
+	}
+	return m
+}
+
+// do sends one request; a non-nil error is a transport failure.
+func (c *apiClient) do(method, path, key, body string) (apiResponse, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, c.base+path, rd)
+	if err != nil {
+		return apiResponse{}, err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return apiResponse{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return apiResponse{}, err
+	}
+	return apiResponse{Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
+}
+
+// must is do that fails the test on a transport error.
+func (c *apiClient) must(t *testing.T, method, path, key, body string) apiResponse {
+	t.Helper()
+	r, err := c.do(method, path, key, body)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	return r
+}
+
+// isDialError reports whether err happened before the request was sent
+// (nothing listening): the only failure allowed during a shutdown.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}

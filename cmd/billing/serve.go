@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/idemkit/idem/examples/billing/adapters/in/httpapi"
+	"github.com/idemkit/idem/examples/billing/app"
+	"github.com/idemkit/idem/internal/cli"
+)
+
+func init() {
+	register(&cli.Command{
+		Name:    "serve",
+		Summary: "run the billing service (HTTP API, outbox relay, consumer, charge worker)",
+		Run:     serve,
+	})
+}
+
+const serveUsage = `Usage: billing serve [--roles http,relay,consumer,charger]
+
+Runs the reference billing service of ARCHITECTURE.md. Migrations are applied
+and missing topics created on start. The bound HTTP address is printed as
+"billing: listening on HOST:PORT". SIGTERM or SIGINT stops it in order
+(readiness off, HTTP, consumer, relay, charge worker, Kafka clients, pool)
+within SHUTDOWN_TIMEOUT; a second signal stops it at once.
+
+Environment:
+  DATABASE_URL        PostgreSQL (default: the local server)
+  KAFKA_BROKERS       comma-separated seed brokers (required)
+  PAYMENT_URL         payment provider base URL, e.g. http://127.0.0.1:8090 (charger role)
+  HTTP_ADDR           listen address (default :8080)
+  SHUTDOWN_TIMEOUT    bound of the whole stop (default 25s)
+  BILLING_API_TOKENS  token:principal[,token:principal...] (default: ` + httpapi.DefaultTokens + `)`
+
+func serve(ctx context.Context, args []string) error {
+	fs := cli.FlagSet("serve", serveUsage)
+	roles := fs.String("roles", app.AllRoles, "comma-separated roles to run: http, relay, consumer, charger")
+	partitions := fs.Int("partitions", app.PartitionsDefault, "partitions of the topics created when missing")
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return cli.Usagef("unexpected argument %q", fs.Arg(0))
+	}
+	r, err := app.ParseRoles(*roles)
+	if err != nil {
+		return cli.Usagef("%v", err)
+	}
+	if *partitions < 1 || *partitions > 1000 {
+		return cli.Usagef("--partitions %d must be in 1..1000", *partitions)
+	}
+	timeout, err := cli.DurationEnv("SHUTDOWN_TIMEOUT", app.ShutdownTimeoutDefault)
+	if err != nil {
+		return err
+	}
+	tokens, err := httpapi.ParseTokens(cli.Env("BILLING_API_TOKENS", httpapi.DefaultTokens))
+	if err != nil {
+		return cli.Usagef("%v", err)
+	}
+	var brokers []string
+	for _, b := range strings.Split(os.Getenv("KAFKA_BROKERS"), ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			brokers = append(brokers, b)
+		}
+	}
+	if len(brokers) == 0 {
+		return cli.Usagef("KAFKA_BROKERS is empty: set it to the seed brokers (for a local broker run 'idem devkafka')")
+	}
+	paymentURL := os.Getenv("PAYMENT_URL")
+	if r.Charger && paymentURL == "" {
+		return cli.Usagef("PAYMENT_URL is empty: the charger role needs the payment provider (for a simulator run 'idem paysim')")
+	}
+	pool, err := cli.Connect(ctx, cli.DatabaseURL())
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	return app.Run(ctx, app.Config{
+		Pool:            pool,
+		Brokers:         brokers,
+		PaymentURL:      paymentURL,
+		HTTPAddr:        cli.Env("HTTP_ADDR", app.HTTPAddrDefault),
+		Tokens:          tokens,
+		Roles:           &r,
+		ShutdownTimeout: timeout,
+		Partitions:      int32(*partitions),
+		Logger:          log,
+		OnListening: func(a net.Addr) {
+			fmt.Printf("billing: listening on %s\n", a)
+		},
+	})
+}

@@ -1,0 +1,507 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkafka"
+	"github.com/idemkit/idem/paysim"
+)
+
+const aliceToken = "alice-token"
+
+type stack struct {
+	db  *testdb.DB
+	env []string
+	sim *paysim.Server
+}
+
+// newStack starts the dependencies of billing: a PostgreSQL schema, a kfake
+// broker over TCP and the payment simulator on loopback.
+func newStack(t *testing.T, simCfg *paysim.Config) *stack {
+	t.Helper()
+	db := testdb.New(t, testdb.MaxConns(4))
+	kc := testkafka.New(t)
+	payURL, sim := startPaysim(t, simCfg)
+	return &stack{db: db, sim: sim, env: []string{
+		"DATABASE_URL=" + db.URL,
+		"KAFKA_BROKERS=" + strings.Join(kc.Addrs, ","),
+		"PAYMENT_URL=" + payURL,
+		"SHUTDOWN_TIMEOUT=10s",
+		"BILLING_API_TOKENS=" + aliceToken + ":alice,bob-token:bob",
+	}}
+}
+
+func (s *stack) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := s.db.Pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// waitCount polls sql until it returns want, for at most two minutes.
+func (s *stack) waitCount(t *testing.T, want int, sql string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		n := s.count(t, sql, args...)
+		if n == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %d, want %d after two minutes", sql, n, want)
+		}
+		time.Sleep(100 * time.Millisecond) // polling interval
+	}
+}
+
+// checkLedger proves that every order and every payment was charged
+// exactly once: one ledger row per charge key, one key per order (the
+// OrderConfirmed event's) and per payment, and the charge id recorded in
+// billing is the ledger's.
+func (s *stack) checkLedger(t *testing.T, orders, payments int) {
+	t.Helper()
+	rows := s.sim.Ledger().Charges()
+	if len(rows) != orders+payments {
+		t.Fatalf("ledger has %d rows, want %d", len(rows), orders+payments)
+	}
+	perOrder := map[string]int{}
+	byKey := map[string]paysim.Charge{}
+	for _, r := range rows {
+		byKey[r.IdempotencyKey] = r
+		if strings.HasSuffix(r.IdempotencyKey, ":billing") {
+			perOrder[r.OrderID]++
+		}
+	}
+	ctx := context.Background()
+	oRows, err := s.db.Pool.Query(ctx, `SELECT id, charge_id FROM orders WHERE status = 'CHARGED'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	charged := map[string]string{}
+	for oRows.Next() {
+		var id, chargeID string
+		if err := oRows.Scan(&id, &chargeID); err != nil {
+			t.Fatal(err)
+		}
+		charged[id] = chargeID
+	}
+	oRows.Close()
+	if len(perOrder) != orders || len(charged) != orders {
+		t.Fatalf("%d orders in the ledger, %d charged in billing; want %d", len(perOrder), len(charged), orders)
+	}
+	for id, n := range perOrder {
+		if n != 1 {
+			t.Errorf("order %s charged %d times", id, n)
+		}
+		if _, ok := charged[id]; !ok {
+			t.Errorf("order %s charged in the ledger but not CHARGED in billing", id)
+		}
+	}
+	for _, r := range rows {
+		if strings.HasSuffix(r.IdempotencyKey, ":billing") && charged[r.OrderID] != r.ChargeID {
+			t.Errorf("order %s: billing recorded charge %q, ledger has %q", r.OrderID, charged[r.OrderID], r.ChargeID)
+		}
+	}
+	pRows, err := s.db.Pool.Query(ctx, `SELECT id, charge_id FROM payments WHERE status = 'CHARGED'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for pRows.Next() {
+		var id, chargeID string
+		if err := pRows.Scan(&id, &chargeID); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if r, ok := byKey[id+":charge"]; !ok || r.ChargeID != chargeID {
+			t.Errorf("payment %s: billing charge %q, ledger row %+v", id, chargeID, r)
+		}
+	}
+	pRows.Close()
+	if n != payments {
+		t.Fatalf("%d payments CHARGED, want %d", n, payments)
+	}
+}
+
+func TestServeUsage(t *testing.T) {
+	t.Parallel()
+	testCases := []struct {
+		name    string
+		env     []string
+		args    []string
+		wantErr string
+	}{
+		{"bad flag", nil, []string{"serve", "--nope"}, "flag provided but not defined"},
+		{"bad role", []string{"KAFKA_BROKERS=127.0.0.1:1"}, []string{"serve", "--roles", "http,cook"}, `unknown role "cook"`},
+		{"no brokers", []string{"KAFKA_BROKERS="}, []string{"serve"}, "KAFKA_BROKERS is empty"},
+		{"no payment url", []string{"KAFKA_BROKERS=127.0.0.1:1", "PAYMENT_URL="}, []string{"serve"}, "PAYMENT_URL is empty"},
+		{"bad timeout", []string{"SHUTDOWN_TIMEOUT=soon"}, []string{"serve"}, "SHUTDOWN_TIMEOUT"},
+		{"bad tokens", []string{"BILLING_API_TOKENS=nocolon"}, []string{"serve"}, "BILLING_API_TOKENS"},
+	}
+	for _, tt := range testCases {
+		_, stderr, code := runBilling(t, tt.env, tt.args...)
+		if code != 2 || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, tt.wantErr) {
+			t.Errorf("%s: exit %d, stderr %q; want 2 and one line with %q", tt.name, code, stderr, tt.wantErr)
+		}
+	}
+	stdout, _, code := runBilling(t, nil, "serve", "--help")
+	if code != 0 || !strings.Contains(stdout, "SHUTDOWN_TIMEOUT") {
+		t.Errorf("--help: exit %d, %q", code, stdout)
+	}
+}
+
+// createConfirm creates and confirms order i; it returns the order id.
+func createConfirm(t *testing.T, c *apiClient, i int) string {
+	t.Helper()
+	r := c.must(t, "POST", "/orders", fmt.Sprintf("create-%d", i), fmt.Sprintf(`{"customer_id":"c%d","total_kopecks":%d}`, i, 1000+i))
+	if r.Status != http.StatusCreated {
+		t.Fatalf("create %d: %d %s", i, r.Status, r.Body)
+	}
+	id := r.json(t)["id"].(string)
+	r = c.must(t, "POST", "/orders/"+id+"/confirm", fmt.Sprintf("confirm-%d", i), "")
+	if r.Status != http.StatusOK || r.json(t)["status"] != "CONFIRMED" {
+		t.Fatalf("confirm %d: %d %s", i, r.Status, r.Body)
+	}
+	return id
+}
+
+// TestFlowChargesEverythingOnce runs the whole reference flow through real
+// processes (billing binary, PostgreSQL, kfake over TCP, paysim over HTTP):
+// 200 confirmed orders and 100 payments end up CHARGED, each with exactly
+// one ledger row, and a SIGTERM then stops the service with exit 0. Two
+// billing instances share the work, the second one without the HTTP role.
+func TestFlowChargesEverythingOnce(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, nil)
+	p := startServe(t, s.env)
+	worker := startServe(t, append(s.env, "HTTP_ADDR=127.0.0.1:0"), "--roles", "relay,consumer,charger")
+	c := newClient(p.Addr, aliceToken)
+
+	const orders, payments = 200, 100
+	ids := make([]string, orders)
+	var wg sync.WaitGroup
+	work := make(chan int)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				ids[i] = createConfirm(t, c, i)
+			}
+		}()
+	}
+	for i := range orders {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+
+	// A retry of a confirm with its key replays the stored answer.
+	r := c.must(t, "POST", "/orders/"+ids[0]+"/confirm", "confirm-0", "")
+	if r.Status != http.StatusOK || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replayed confirm: %d %v %s", r.Status, r.Header, r.Body)
+	}
+
+	pay := make(chan int)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range pay {
+				r := c.must(t, "POST", "/payments", fmt.Sprintf("pay-%d", i), fmt.Sprintf(`{"order_id":%q,"customer_id":"c%d","amount_kopecks":%d}`, ids[i], i, 500+i))
+				if r.Status != http.StatusCreated || r.json(t)["status"] != "PENDING" {
+					t.Errorf("payment %d: %d %s", i, r.Status, r.Body)
+				}
+			}
+		}()
+	}
+	for i := range payments {
+		pay <- i
+	}
+	close(pay)
+	wg.Wait()
+
+	s.waitCount(t, orders, `SELECT count(*) FROM orders WHERE status = 'CHARGED'`)
+	s.waitCount(t, payments, `SELECT count(*) FROM payments WHERE status = 'CHARGED'`)
+	s.checkLedger(t, orders, payments)
+
+	r = c.must(t, "GET", "/orders/"+ids[7], "", "")
+	if r.Status != http.StatusOK || r.json(t)["status"] != "CHARGED" {
+		t.Fatalf("GET order: %d %s", r.Status, r.Body)
+	}
+	m := c.must(t, "GET", "/metrics", "", "")
+	for _, want := range []string{
+		`billing_http_requests_total{method="POST",route="POST /orders",status="201"} 200`,
+		`billing_idempotency_events_total{kind="replay"} 1`,
+		"billing_outbox_pending 0",
+		"billing_consumer_lag{",
+	} {
+		if !strings.Contains(string(m.Body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+
+	worker.signal(syscall.SIGTERM)
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(); code != 0 {
+		t.Fatalf("http instance exit %d; stderr:\n%s", code, p.stderr.String())
+	}
+	if code := worker.wait(); code != 0 {
+		t.Fatalf("worker instance exit %d; stderr:\n%s", code, worker.stderr.String())
+	}
+}
+
+var problemCode = regexp.MustCompile(`"code":"([A-Z_]+)"`)
+
+// TestBadInputIsProblemAndWritesNothing proves that every kind of bad input
+// is answered with a problem+json 4xx carrying its code, and that none of
+// it writes a row, an event or a charge: at the end billing holds exactly
+// the one valid order, its one OrderConfirmed event, and the ledger its one
+// charge.
+func TestBadInputIsProblemAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, nil)
+	p := startServe(t, s.env)
+	c := newClient(p.Addr, aliceToken)
+	id := createConfirm(t, c, 1)
+	noAuth := newClient(p.Addr, "")
+	wrongAuth := newClient(p.Addr, "not-a-token")
+	bob := newClient(p.Addr, "bob-token")
+
+	testCases := []struct {
+		name   string
+		c      *apiClient
+		method string
+		path   string
+		key    string
+		body   string
+		status int
+		code   string
+	}{
+		{"malformed JSON", c, "POST", "/orders", "k1", `{"customer_id":`, 400, "MALFORMED_JSON"},
+		{"unknown member", c, "POST", "/orders", "k2", `{"customer_id":"c","total":5}`, 400, "MALFORMED_JSON"},
+		{"zero total", c, "POST", "/orders", "k3", `{"customer_id":"c","total_kopecks":0}`, 422, "VALIDATION_FAILED"},
+		{"negative total", c, "POST", "/orders", "k4", `{"customer_id":"c","total_kopecks":-100}`, 422, "VALIDATION_FAILED"},
+		{"no customer", c, "POST", "/orders", "k5", `{"total_kopecks":100}`, 422, "VALIDATION_FAILED"},
+		{"missing token", noAuth, "POST", "/orders", "k6", `{"customer_id":"c","total_kopecks":100}`, 401, "UNAUTHORIZED"},
+		{"wrong token", wrongAuth, "POST", "/orders", "k7", `{"customer_id":"c","total_kopecks":100}`, 401, "UNAUTHORIZED"},
+		{"wrong token on GET", wrongAuth, "GET", "/orders/" + id, "", "", 401, "UNAUTHORIZED"},
+		{"no key", c, "POST", "/orders", "", `{"customer_id":"c","total_kopecks":100}`, 400, "IDEMPOTENCY_KEY_REQUIRED"},
+		{"unknown order confirm", c, "POST", "/orders/ord_nope/confirm", "k8", "", 404, "ORDER_NOT_FOUND"},
+		{"confirm twice, other key", c, "POST", "/orders/" + id + "/confirm", "k9", "", 409, "ORDER_STATE_CONFLICT"},
+		{"another principal's order", bob, "POST", "/orders/" + id + "/confirm", "k10", "", 404, "ORDER_NOT_FOUND"},
+		{"payment unknown order", c, "POST", "/payments", "k11", `{"order_id":"ord_nope","customer_id":"c1","amount_kopecks":100}`, 404, "ORDER_NOT_FOUND"},
+		{"payment zero amount", c, "POST", "/payments", "k12", `{"order_id":"` + id + `","customer_id":"c1","amount_kopecks":0}`, 422, "VALIDATION_FAILED"},
+		{"payment negative amount", c, "POST", "/payments", "k13", `{"order_id":"` + id + `","customer_id":"c1","amount_kopecks":-1}`, 422, "VALIDATION_FAILED"},
+		{"payment other customer", c, "POST", "/payments", "k14", `{"order_id":"` + id + `","customer_id":"c2","amount_kopecks":10}`, 422, "VALIDATION_FAILED"},
+		{"payment malformed", c, "POST", "/payments", "k15", `[1,2]`, 400, "MALFORMED_JSON"},
+		{"key reused, other body", c, "POST", "/orders", "create-1", `{"customer_id":"c1","total_kopecks":5}`, 409, "IDEMPOTENCY_KEY_REUSED"},
+		{"unknown order GET", c, "GET", "/orders/ord_nope", "", "", 404, "ORDER_NOT_FOUND"},
+		{"unknown payment GET", c, "GET", "/payments/pay_nope", "", "", 404, "PAYMENT_NOT_FOUND"},
+		{"unknown route", c, "GET", "/nope", "", "", 404, "NOT_FOUND"},
+	}
+	for _, tt := range testCases {
+		r := tt.c.must(t, tt.method, tt.path, tt.key, tt.body)
+		m := problemCode.FindSubmatch(r.Body)
+		if r.Status != tt.status || r.Header.Get("Content-Type") != "application/problem+json" || m == nil || string(m[1]) != tt.code {
+			t.Errorf("%s: %d %s %s; want %d problem+json %s", tt.name, r.Status, r.Header.Get("Content-Type"), r.Body, tt.status, tt.code)
+		}
+	}
+
+	// The one valid order is charged once; wait for it, then prove that
+	// nothing else was written, emitted or charged.
+	s.waitCount(t, 1, `SELECT count(*) FROM orders WHERE status = 'CHARGED'`)
+	s.waitCount(t, 0, `SELECT count(*) FROM outbox_event WHERE status <> 'PUBLISHED'`)
+	for sql, want := range map[string]int{
+		`SELECT count(*) FROM orders`:                                           1,
+		`SELECT count(*) FROM payments`:                                         0,
+		`SELECT count(*) FROM outbox_event WHERE event_type = 'OrderConfirmed'`: 1,
+		`SELECT count(*) FROM outbox_event`:                                     2, // OrderConfirmed + its ChargeRequested
+	} {
+		if n := s.count(t, sql); n != want {
+			t.Errorf("%s = %d, want %d", sql, n, want)
+		}
+	}
+	s.checkLedger(t, 1, 0)
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(); code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", code, p.stderr.String())
+	}
+}
+
+// TestSIGTERMUnderLoad sends SIGTERM while clients create and confirm
+// orders. It proves: /readyz answers 503 before the listener closes; every
+// request that reached the server got a complete answer (the only errors
+// are refused connections after the listener closed); the process exits 0
+// within SHUTDOWN_TIMEOUT; nothing is half-done (no outbox row stuck in
+// PUBLISHING, every CONFIRMED order has exactly one OrderConfirmed event);
+// and after a restart, with clients retrying their refused requests with
+// the same keys, every order is charged exactly once.
+func TestSIGTERMUnderLoad(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, &paysim.Config{Latency: 20 * time.Millisecond})
+	p := startServe(t, s.env)
+	c := newClient(p.Addr, aliceToken)
+
+	const clients, perClient = 6, 40
+	type order struct {
+		id        string
+		created   bool
+		confirmed bool
+	}
+	orders := make([][]order, clients)
+	var answered, refused atomic.Int64
+	var dropped []string
+	var mu sync.Mutex
+	started := make(chan struct{}, clients*perClient)
+	var wg sync.WaitGroup
+	step := func(ci, i int, method, path, key, body string) (apiResponse, bool) {
+		r, err := c.do(method, path, key, body)
+		if err != nil {
+			if !isDialError(err) {
+				mu.Lock()
+				dropped = append(dropped, fmt.Sprintf("%s %s: %v", method, path, err))
+				mu.Unlock()
+			}
+			refused.Add(1)
+			return r, false
+		}
+		answered.Add(1)
+		return r, true
+	}
+	for ci := range clients {
+		orders[ci] = make([]order, perClient)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perClient {
+				o := &orders[ci][i]
+				r, ok := step(ci, i, "POST", "/orders", fmt.Sprintf("create-%d-%d", ci, i), fmt.Sprintf(`{"customer_id":"c%d","total_kopecks":%d}`, ci, 100+i))
+				if !ok {
+					return
+				}
+				if r.Status != http.StatusCreated {
+					t.Errorf("create: %d %s", r.Status, r.Body)
+					return
+				}
+				o.id, o.created = r.json(t)["id"].(string), true
+				r, ok = step(ci, i, "POST", "/orders/"+o.id+"/confirm", fmt.Sprintf("confirm-%d-%d", ci, i), "")
+				if !ok {
+					return
+				}
+				if r.Status != http.StatusOK {
+					t.Errorf("confirm: %d %s", r.Status, r.Body)
+					return
+				}
+				o.confirmed = true
+				started <- struct{}{}
+			}
+		}()
+	}
+	// Let the load run, then stop the service in the middle of it.
+	for range 30 {
+		<-started
+	}
+	ready := make(chan []int, 1)
+	go func() {
+		// Poll /readyz until the listener refuses; record what was seen.
+		var seen []int
+		for {
+			r, err := newClient(p.Addr, "").do("GET", "/readyz", "", "")
+			if err != nil {
+				ready <- seen
+				return
+			}
+			if len(seen) == 0 || seen[len(seen)-1] != r.Status {
+				seen = append(seen, r.Status)
+			}
+		}
+	}()
+	p.signal(syscall.SIGTERM)
+	wg.Wait()
+	seen := <-ready
+	code := p.wait()
+	stderr := p.stderr.String()
+	if code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", code, stderr)
+	}
+	if len(seen) == 0 || seen[len(seen)-1] != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz statuses before the listener closed: %v, want ... 503", seen)
+	}
+	if len(dropped) > 0 {
+		t.Fatalf("%d requests in flight were not answered: %v", len(dropped), dropped)
+	}
+	if refused.Load() == 0 {
+		t.Fatal("no request was refused: the load did not overlap the shutdown")
+	}
+	if m := regexp.MustCompile(`shutdown complete" duration=(\S+)`).FindStringSubmatch(stderr); m == nil {
+		t.Fatalf("no shutdown summary; stderr:\n%s", stderr)
+	} else if d, err := time.ParseDuration(m[1]); err != nil || d > 10*time.Second {
+		t.Fatalf("shutdown took %s, beyond SHUTDOWN_TIMEOUT 10s", m[1])
+	}
+	// Nothing half-done.
+	if n := s.count(t, `SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHING'`); n != 0 {
+		t.Errorf("%d outbox rows left PUBLISHING", n)
+	}
+	if n := s.count(t, `SELECT count(*) FROM orders o WHERE status <> 'NEW' AND (SELECT count(*) FROM outbox_event e WHERE e.aggregate_id = o.id AND e.event_type = 'OrderConfirmed') <> 1`); n != 0 {
+		t.Errorf("%d confirmed orders without exactly one OrderConfirmed event", n)
+	}
+	if n := s.count(t, `SELECT count(*) FROM orders o WHERE status = 'NEW' AND EXISTS (SELECT 1 FROM outbox_event e WHERE e.aggregate_id = o.id)`); n != 0 {
+		t.Errorf("%d NEW orders with an event", n)
+	}
+	confirmedByClient := 0
+	for ci := range orders {
+		for _, o := range orders[ci] {
+			if o.confirmed {
+				confirmedByClient++
+				var st string
+				if err := s.db.Pool.QueryRow(context.Background(), `SELECT status FROM orders WHERE id = $1`, o.id).Scan(&st); err != nil || st == "NEW" {
+					t.Errorf("order %s confirmed to the client but %q (%v) in the database", o.id, st, err)
+				}
+			}
+		}
+	}
+
+	// Restart; clients retry what was refused, with the same keys.
+	p2 := startServe(t, s.env)
+	c2 := newClient(p2.Addr, aliceToken)
+	total := 0
+	for ci := range orders {
+		for i := range orders[ci] {
+			o := &orders[ci][i]
+			if !o.created {
+				r := c2.must(t, "POST", "/orders", fmt.Sprintf("create-%d-%d", ci, i), fmt.Sprintf(`{"customer_id":"c%d","total_kopecks":%d}`, ci, 100+i))
+				if r.Status != http.StatusCreated {
+					t.Fatalf("retried create: %d %s", r.Status, r.Body)
+				}
+				o.id = r.json(t)["id"].(string)
+			}
+			if !o.confirmed {
+				r := c2.must(t, "POST", "/orders/"+o.id+"/confirm", fmt.Sprintf("confirm-%d-%d", ci, i), "")
+				if r.Status != http.StatusOK {
+					t.Fatalf("retried confirm: %d %s", r.Status, r.Body)
+				}
+			}
+			total++
+		}
+	}
+	s.waitCount(t, total, `SELECT count(*) FROM orders WHERE status = 'CHARGED'`)
+	s.checkLedger(t, total, 0)
+	t.Logf("%d requests answered, %d refused during the stop, %d orders confirmed before it", answered.Load(), refused.Load(), confirmedByClient)
+	p2.signal(syscall.SIGTERM)
+	if code := p2.wait(); code != 0 {
+		t.Fatalf("restarted instance exit %d; stderr:\n%s", code, p2.stderr.String())
+	}
+}

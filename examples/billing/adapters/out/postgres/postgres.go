@@ -1,0 +1,158 @@
+// Package postgres is billing's persistence adapter: the usecase.Repository
+// over one pgx transaction (or the pool, for reads), billing's own embedded
+// migrations, and the outbox as the event sink.
+package postgres
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/idemkit/idem/examples/billing/adapters/out/postgres/internal/dbsqlc"
+	"github.com/idemkit/idem/examples/billing/domain"
+	"github.com/idemkit/idem/examples/billing/usecase"
+	"github.com/idemkit/idem/migrate"
+	"github.com/idemkit/idem/outbox"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// MigrationTable records billing's own versions, beside idem's.
+const MigrationTable = "billing_migration"
+
+// Migrate applies idem's migrations (idempotency keys, outbox, inbox), then
+// billing's (orders, payments). Safe to run from several instances at once.
+func Migrate(ctx context.Context, db migrate.DB) error {
+	if _, err := migrate.Up(ctx, db); err != nil {
+		return fmt.Errorf("billing: idem migrations: %w", err)
+	}
+	m, err := migrate.Load(migrations, "migrations")
+	if err != nil {
+		return fmt.Errorf("billing: migrations: %w", err)
+	}
+	if _, err := m.WithTable(MigrationTable).Up(ctx, db); err != nil {
+		return fmt.Errorf("billing: migrations: %w", err)
+	}
+	return nil
+}
+
+// Repo implements usecase.Repository on db: a pgx.Tx for writes (so that
+// the writes and the emitted events commit together), the pool for reads.
+type Repo struct {
+	db outbox.DBTX
+	q  *dbsqlc.Queries
+}
+
+var _ usecase.Repository = (*Repo)(nil)
+
+// New binds a Repo to db.
+func New(db outbox.DBTX) *Repo { return &Repo{db: db, q: dbsqlc.New(db)} }
+
+func text(s string) pgtype.Text { return pgtype.Text{String: s, Valid: s != ""} }
+
+func order(o dbsqlc.Order) domain.Order {
+	return domain.Order{ID: o.ID, Owner: o.Owner, CustomerID: o.CustomerID, TotalKopecks: o.TotalKopecks, Status: o.Status, ChargeID: o.ChargeID.String, Failure: o.Failure.String}
+}
+
+func payment(p dbsqlc.Payment) domain.Payment {
+	return domain.Payment{ID: p.ID, Owner: p.Owner, OrderID: p.OrderID, CustomerID: p.CustomerID, AmountKopecks: p.AmountKopecks, Status: p.Status, ChargeID: p.ChargeID.String, Failure: p.Failure.String}
+}
+
+// InsertOrder implements usecase.Repository.
+func (r *Repo) InsertOrder(ctx context.Context, o domain.Order) error {
+	err := r.q.InsertOrder(ctx, dbsqlc.InsertOrderParams{ID: o.ID, Owner: o.Owner, CustomerID: o.CustomerID, TotalKopecks: o.TotalKopecks})
+	if err != nil {
+		return fmt.Errorf("billing: insert order: %w", err)
+	}
+	return nil
+}
+
+// GetOrder implements usecase.Repository.
+func (r *Repo) GetOrder(ctx context.Context, id, owner string) (domain.Order, error) {
+	o, err := r.q.GetOrder(ctx, dbsqlc.GetOrderParams{ID: id, Owner: owner})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return domain.Order{}, domain.ErrOrderNotFound
+	}
+	if err != nil {
+		return domain.Order{}, fmt.Errorf("billing: get order: %w", err)
+	}
+	return order(o), nil
+}
+
+// ConfirmOrder implements usecase.Repository.
+func (r *Repo) ConfirmOrder(ctx context.Context, id, owner string) (domain.Order, error) {
+	o, err := r.q.ConfirmOrder(ctx, dbsqlc.ConfirmOrderParams{ID: id, Owner: owner})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Not NEW, or not there: tell which.
+		cur, gerr := r.GetOrder(ctx, id, owner)
+		if gerr != nil {
+			return domain.Order{}, gerr
+		}
+		return domain.Order{}, fmt.Errorf("%w: order %s is %s, not NEW", domain.ErrOrderState, id, cur.Status)
+	}
+	if err != nil {
+		return domain.Order{}, fmt.Errorf("billing: confirm order: %w", err)
+	}
+	return order(o), nil
+}
+
+// InsertPayment implements usecase.Repository.
+func (r *Repo) InsertPayment(ctx context.Context, p domain.Payment) error {
+	err := r.q.InsertPayment(ctx, dbsqlc.InsertPaymentParams{ID: p.ID, Owner: p.Owner, OrderID: p.OrderID, CustomerID: p.CustomerID, AmountKopecks: p.AmountKopecks})
+	if err != nil {
+		return fmt.Errorf("billing: insert payment: %w", err)
+	}
+	return nil
+}
+
+// GetPayment implements usecase.Repository.
+func (r *Repo) GetPayment(ctx context.Context, id, owner string) (domain.Payment, error) {
+	p, err := r.q.GetPayment(ctx, dbsqlc.GetPaymentParams{ID: id, Owner: owner})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return domain.Payment{}, domain.ErrPaymentNotFound
+	}
+	if err != nil {
+		return domain.Payment{}, fmt.Errorf("billing: get payment: %w", err)
+	}
+	return payment(p), nil
+}
+
+// SettleOrder implements usecase.Repository.
+func (r *Repo) SettleOrder(ctx context.Context, id string, o usecase.ChargeOutcome) (bool, error) {
+	n, err := r.q.SettleOrder(ctx, dbsqlc.SettleOrderParams{ID: id, Status: o.Status(), ChargeID: text(o.ChargeID), Failure: text(o.Failure)})
+	if err != nil {
+		return false, fmt.Errorf("billing: settle order: %w", err)
+	}
+	return n == 1, nil
+}
+
+// SettlePayment implements usecase.Repository.
+func (r *Repo) SettlePayment(ctx context.Context, id string, o usecase.ChargeOutcome) (bool, error) {
+	n, err := r.q.SettlePayment(ctx, dbsqlc.SettlePaymentParams{ID: id, Status: o.Status(), ChargeID: text(o.ChargeID), Failure: text(o.Failure)})
+	if err != nil {
+		return false, fmt.Errorf("billing: settle payment: %w", err)
+	}
+	return n == 1, nil
+}
+
+// Emit implements usecase.Repository through outbox.EnqueueTx.
+func (r *Repo) Emit(ctx context.Context, e usecase.Event) (string, error) {
+	payload, err := json.Marshal(e.Payload)
+	if err != nil {
+		return "", fmt.Errorf("billing: encode %s: %w", e.Type, err)
+	}
+	ids, err := outbox.EnqueueTx(ctx, r.db, outbox.Message{
+		Topic: e.Topic, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
+		EventID: e.EventID, EventType: e.Type, Payload: payload,
+	})
+	if err != nil {
+		return "", fmt.Errorf("billing: emit %s: %w", e.Type, err)
+	}
+	return ids[0], nil
+}

@@ -1,0 +1,286 @@
+// Package app wires billing: configuration, roles, migrations, topics, and
+// every long-running part under one lifecycle.Group in the stop order of
+// ARCHITECTURE.md.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemkit/idem/examples/billing/adapters/in/httpapi"
+	"github.com/idemkit/idem/examples/billing/adapters/out/payment"
+	"github.com/idemkit/idem/examples/billing/adapters/out/postgres"
+	"github.com/idemkit/idem/examples/billing/consumer"
+	"github.com/idemkit/idem/examples/billing/usecase"
+	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/kafka"
+	"github.com/idemkit/idem/lifecycle"
+	"github.com/idemkit/idem/outbox"
+)
+
+// Roles select the parts one process runs; several processes (or several
+// instances of each) against one database and one Kafka share the work.
+type Roles struct {
+	HTTP, Relay, Consumer, Charger bool
+}
+
+// AllRoles is the default: everything in one process.
+const AllRoles = "http,relay,consumer,charger"
+
+// ErrBadRoles is a --roles value with an unknown or no role.
+var ErrBadRoles = errors.New("billing: --roles must list http, relay, consumer, charger")
+
+// ParseRoles parses "http,relay,consumer,charger" (any non-empty subset).
+func ParseRoles(s string) (Roles, error) {
+	var r Roles
+	for _, name := range strings.Split(s, ",") {
+		switch strings.TrimSpace(name) {
+		case "http":
+			r.HTTP = true
+		case "relay":
+			r.Relay = true
+		case "consumer":
+			r.Consumer = true
+		case "charger":
+			r.Charger = true
+		default:
+			return Roles{}, fmt.Errorf("%w: unknown role %q", ErrBadRoles, name)
+		}
+	}
+	return r, nil
+}
+
+// Defaults of Config.
+const (
+	HTTPAddrDefault        = ":8080"
+	ShutdownTimeoutDefault = 25 * time.Second
+	PartitionsDefault      = 4
+)
+
+// Config configures Run.
+type Config struct {
+	// Pool is the database. Required; closed by Run at the end.
+	Pool *pgxpool.Pool
+	// Brokers are the Kafka seed brokers. Required.
+	Brokers []string
+	// PaymentURL is the provider's base URL. Required with the charger role.
+	PaymentURL string
+	// HTTPAddr is the listen address. Defaults to HTTPAddrDefault (":8080").
+	HTTPAddr string
+	// Tokens are the bearer tokens. Required with the http role.
+	Tokens []httpapi.Token
+	// Roles to run. Defaults to all.
+	Roles *Roles
+	// ShutdownTimeout bounds the whole stop. Defaults to
+	// ShutdownTimeoutDefault (25s).
+	ShutdownTimeout time.Duration
+	// DrainDelay is how long /readyz answers 503 before the listener
+	// closes. Defaults to 4% of ShutdownTimeout (1s of 25s).
+	DrainDelay time.Duration
+	// Partitions of the topics created when missing. Defaults to
+	// PartitionsDefault (4).
+	Partitions int32
+	// OnListening is called with the bound HTTP address. Defaults to nil.
+	OnListening func(addr net.Addr)
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Run applies the migrations, creates missing topics, starts the roles and
+// blocks until SIGTERM/SIGINT (or ctx's end), then stops everything in the
+// order of ARCHITECTURE.md: readiness off → HTTP → consumer → relay →
+// charge worker → Kafka clients → pool, each stage on its share of
+// ShutdownTimeout.
+func Run(ctx context.Context, cfg Config) (err error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	roles := Roles{true, true, true, true}
+	if cfg.Roles != nil {
+		roles = *cfg.Roles
+	}
+	timeout := cfg.ShutdownTimeout
+	if timeout == 0 {
+		timeout = ShutdownTimeoutDefault
+	}
+	share := func(pct int) time.Duration { return timeout * time.Duration(pct) / 100 }
+	drain := cfg.DrainDelay
+	if drain == 0 {
+		drain = share(4)
+	}
+	addr := cfg.HTTPAddr
+	if addr == "" {
+		addr = HTTPAddrDefault
+	}
+	partitions := cfg.Partitions
+	if partitions == 0 {
+		partitions = PartitionsDefault
+	}
+	switch {
+	case cfg.Pool == nil:
+		return errors.New("billing: Config.Pool is nil")
+	case len(cfg.Brokers) == 0:
+		return errors.New("billing: Config.Brokers is empty (set KAFKA_BROKERS)")
+	case roles.Charger && cfg.PaymentURL == "":
+		return errors.New("billing: the charger role needs PAYMENT_URL")
+	case roles.HTTP && len(cfg.Tokens) == 0:
+		return errors.New("billing: the http role needs tokens")
+	}
+	pool := cfg.Pool
+	// Until the group owns them, close what was opened on every error path.
+	var closers []func()
+	defer func() {
+		if err != nil {
+			for i := len(closers) - 1; i >= 0; i-- {
+				closers[i]()
+			}
+		}
+	}()
+	closers = append(closers, pool.Close)
+
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	if err := ensureTopics(ctx, cfg.Brokers, partitions); err != nil {
+		return err
+	}
+
+	g, err := lifecycle.New(&lifecycle.Config{ShutdownTimeout: timeout, DrainDelay: drain, Logger: log})
+	if err != nil {
+		return err
+	}
+	metrics := httpapi.NewMetrics()
+
+	var httpStage, consumerStage, relayStage, chargerStage, kafkaStage []lifecycle.Component
+
+	if roles.HTTP {
+		h, mw, err := httpapi.NewHandler(httpapi.Config{DB: pool, Tokens: cfg.Tokens, Ready: g.ReadyHandler(), Metrics: metrics, Logger: log})
+		if err != nil {
+			return err
+		}
+		metrics.RegisterOutbox(pool, log)
+		adminCl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...))
+		if err != nil {
+			return fmt.Errorf("billing: kafka admin client: %w", err)
+		}
+		closers = append(closers, adminCl.Close)
+		metrics.RegisterLag(kadm.NewClient(adminCl), log, consumer.OrderGroup, consumer.ChargeGroupDefault)
+		kafkaStage = append(kafkaStage, lifecycle.Closer(adminCl.Close))
+
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("billing: listen %s: %w", addr, err)
+		}
+		closers = append(closers, func() { _ = ln.Close() })
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		httpStage = append(httpStage, lifecycle.NewHTTPServer(srv, ln))
+		// The idempotency records' retention purge stops with the relay's
+		// background loops, after the last request.
+		relayStage = append(relayStage, mw)
+		if cfg.OnListening != nil {
+			cfg.OnListening(ln.Addr())
+		}
+	}
+	if roles.Consumer {
+		c, err := consumer.NewOrderConsumer(pool, cfg.Brokers, log)
+		if err != nil {
+			return err
+		}
+		consumerStage = append(consumerStage, c)
+	}
+	if roles.Relay {
+		prodCl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, kafka.ProducerOpts()...)...)
+		if err != nil {
+			return fmt.Errorf("billing: kafka producer: %w", err)
+		}
+		closers = append(closers, prodCl.Close)
+		pub, err := kafka.NewPublisher(prodCl, nil)
+		if err != nil {
+			return err
+		}
+		// The batch in hand must finish inside the relay's stage: its
+		// timeout is below the stage's budget.
+		batchTimeout := min(outbox.BatchTimeoutDefault, share(20)*3/4)
+		relay, err := outbox.NewRelay(pool, pub, &outbox.RelayConfig{Mode: outbox.TwoPhase, BatchTimeout: batchTimeout, Logger: log})
+		if err != nil {
+			return err
+		}
+		purger, err := inbox.NewPurger(pool, &inbox.PurgerConfig{OnError: func(err error) { log.Warn("inbox purge", "error", err) }})
+		if err != nil {
+			return err
+		}
+		relayStage = append(relayStage, &relayComponent{relay}, purger)
+		kafkaStage = append(kafkaStage, lifecycle.Closer(prodCl.Close))
+	}
+	if roles.Charger {
+		gw, err := payment.New(cfg.PaymentURL, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		w, err := consumer.NewChargeWorker(pool, gw, &consumer.ChargeWorkerConfig{
+			Brokers: cfg.Brokers, Logger: log, OnSettled: metrics.ChargeSettled,
+		})
+		if err != nil {
+			return err
+		}
+		chargerStage = append(chargerStage, w)
+		kafkaStage = append(kafkaStage, lifecycle.Closer(gw.Close))
+	}
+
+	stages := []lifecycle.Stage{
+		{Name: "http", Budget: share(32), Components: httpStage},
+		{Name: "consumer", Budget: share(16), Components: consumerStage},
+		{Name: "relay", Budget: share(20), Components: relayStage},
+		{Name: "charger", Budget: share(16), Components: chargerStage},
+		{Name: "kafka-clients", Budget: share(4), Components: kafkaStage},
+		{Name: "pool", Budget: share(4), Components: []lifecycle.Component{lifecycle.Closer(pool.Close)}},
+	}
+	for _, st := range stages {
+		if err := g.Add(st); err != nil {
+			return err
+		}
+	}
+	closers = nil // the group owns everything now
+	log.Info("billing starting", "roles", roles, "shutdown_timeout", timeout)
+	return g.Run(ctx)
+}
+
+// relayComponent gives the relay the lifecycle hard stop.
+type relayComponent struct{ *outbox.Relay }
+
+func (r *relayComponent) HardStop(ctx context.Context) error { return r.StopAndCancel(ctx) }
+
+// ensureTopics creates the flow's topics (and the consumer's dead-letter
+// topic) when missing. Replication -1 takes the broker's default.
+func ensureTopics(ctx context.Context, brokers []string, partitions int32) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return fmt.Errorf("billing: kafka client: %w", err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	topics := []string{usecase.TopicOrderEvents, usecase.TopicBillingCommands, usecase.TopicOrderEvents + kafka.DeadLetterSuffixDefault}
+	resps, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, -1, nil, topics...)
+	if err != nil {
+		return fmt.Errorf("billing: create topics on %s: %w", strings.Join(brokers, ","), err)
+	}
+	for _, r := range resps.Sorted() {
+		if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("billing: create topic %s: %w", r.Topic, r.Err)
+		}
+	}
+	return nil
+}
