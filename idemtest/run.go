@@ -99,7 +99,12 @@ func newRunner(target Target) (*runner, error) {
 		// Every racing request gets its own connection, so that they
 		// really arrive together.
 		own.MaxIdleConnsPerHost = t.Concurrency + 2
-		r.client = &http.Client{Transport: own}
+		r.client = &http.Client{
+			Transport: own,
+			// A redirect is an answer to judge, not to follow: following
+			// it would turn the POST into a GET elsewhere.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
 	}
 	r.close = func() {
 		if own != nil {
