@@ -178,13 +178,15 @@ func createConfirm(t *testing.T, c *apiClient, i int) string {
 }
 
 // TestFlowChargesEverythingOnce runs the whole reference flow through real
-// processes (billing binary, PostgreSQL, kfake over TCP, paysim over HTTP):
-// 200 confirmed orders and 100 payments end up CHARGED, each with exactly
-// one ledger row, and a SIGTERM then stops the service with exit 0. Two
+// processes (billing binary, PostgreSQL, kfake over TCP, paysim over HTTP
+// failing or dropping one charge in five): 200 confirmed orders and 100
+// payments end up CHARGED, each with exactly one ledger row, and a SIGTERM then stops the service with exit 0. Two
 // billing instances share the work, the second one without the HTTP role.
 func TestFlowChargesEverythingOnce(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, nil)
+	// Provider faults: 10% fail before charging, 10% charge and drop the
+	// answer. Retries with the same key must still charge exactly once.
+	s := newStack(t, &paysim.Config{FailRate: 0.1, DropRate: 0.1, Seed: 7})
 	p := startServe(t, s.env)
 	worker := startServe(t, append(s.env, "HTTP_ADDR=127.0.0.1:0"), "--roles", "relay,consumer,charger")
 	c := newClient(p.Addr, aliceToken)
@@ -236,6 +238,9 @@ func TestFlowChargesEverythingOnce(t *testing.T) {
 	s.waitCount(t, orders, `SELECT count(*) FROM orders WHERE status = 'CHARGED'`)
 	s.waitCount(t, payments, `SELECT count(*) FROM payments WHERE status = 'CHARGED'`)
 	s.checkLedger(t, orders, payments)
+	if st := s.sim.Stats(); st.Failed == 0 || st.Dropped == 0 {
+		t.Fatalf("provider faults not exercised: %+v", st)
+	}
 
 	r = c.must(t, "GET", "/orders/"+ids[7], "", "")
 	if r.Status != http.StatusOK || r.json(t)["status"] != "CHARGED" {
@@ -503,5 +508,44 @@ func TestSIGTERMUnderLoad(t *testing.T) {
 	p2.signal(syscall.SIGTERM)
 	if code := p2.wait(); code != 0 {
 		t.Fatalf("restarted instance exit %d; stderr:\n%s", code, p2.stderr.String())
+	}
+}
+
+// TestChargerCutOffIsRetriedWithSameKey stops the service while the charge
+// worker holds provider calls longer than its stage budget. The worker is
+// hard-stopped at its deadline (the calls are cancelled, the records stay
+// uncommitted), the later stages still run and the exit is 0; after a
+// restart the same commands are redelivered, called again with the same
+// keys, and every order is charged exactly once.
+func TestChargerCutOffIsRetriedWithSameKey(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, &paysim.Config{Latency: 4 * time.Second})
+	p := startServe(t, s.env)
+	c := newClient(p.Addr, aliceToken)
+	const n = 6
+	for i := range n {
+		createConfirm(t, c, i)
+	}
+	// Every ChargeRequested is in Kafka: the worker is calling the
+	// provider, each call held for 4 s, beyond the charger's 1.6 s budget.
+	s.waitCount(t, n, `SELECT count(*) FROM outbox_event WHERE event_type = 'ChargeRequested' AND status = 'PUBLISHED'`)
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(); code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", code, p.stderr.String())
+	}
+	stderr := p.stderr.String()
+	if !regexp.MustCompile(`stage exceeded its budget: cut off" stage=charger`).MatchString(stderr) ||
+		!strings.Contains(stderr, `msg="stage stopped" stage=pool`) {
+		t.Fatalf("want the charger cut off and the pool still closed; stderr:\n%s", stderr)
+	}
+	if got := s.count(t, `SELECT count(*) FROM orders WHERE status = 'CHARGED'`); got == n {
+		t.Fatal("every charge finished before the stop: the cut-off was not exercised")
+	}
+	p2 := startServe(t, s.env)
+	s.waitCount(t, n, `SELECT count(*) FROM orders WHERE status = 'CHARGED'`)
+	s.checkLedger(t, n, 0)
+	p2.signal(syscall.SIGTERM)
+	if code := p2.wait(); code != 0 {
+		t.Fatalf("restarted exit %d; stderr:\n%s", code, p2.stderr.String())
 	}
 }
