@@ -25,7 +25,7 @@ var allChecks = []string{
 	idemtest.CheckServerErrorReleased, idemtest.CheckExpiry,
 }
 
-const fakeTTL = 300 * time.Millisecond
+const fakeTTL = time.Second
 
 func serveFake(t *testing.T, b broken) (*fakeServer, string) {
 	t.Helper()

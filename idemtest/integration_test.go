@@ -26,7 +26,7 @@ func TestPaysim(t *testing.T) {
 	t.Parallel()
 	// Latency widens the in-progress window so that racing requests meet
 	// a claimed key and retry-after has something to judge.
-	srv, err := paysim.New(&paysim.Config{Latency: 100 * time.Millisecond})
+	srv, err := paysim.New(&paysim.Config{Latency: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestMiddlewareOverPostgres(t *testing.T) {
 			if _, err := db.Pool.Exec(t.Context(), `CREATE TABLE conformance_charge (id bigserial PRIMARY KEY, principal text NOT NULL, body jsonb NOT NULL)`); err != nil {
 				t.Fatal(err)
 			}
-			const retention = time.Second
+			const retention = 2 * time.Second
 			mw, err := idempotency.New(idempotency.NewPostgresStore(db.Pool), &idempotency.Config{
 				Scope: func(r *http.Request) (string, error) {
 					if a := r.Header.Get("Authorization"); a != "" {

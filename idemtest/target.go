@@ -102,8 +102,10 @@ type Target struct {
 	// without executing (a test-only fault switch). Defaults to none: the
 	// server-error-released check is skipped.
 	FaultHeader http.Header
-	// TTL is the key retention the endpoint is configured with. Defaults to
-	// zero: the expiry check is skipped.
+	// TTL is the key retention the endpoint is configured with. Every other
+	// check assumes that its keys outlive its few exchanges, so a TTL for
+	// tests should still be a second or more. Defaults to zero: the expiry
+	// check is skipped.
 	TTL time.Duration
 	// RequestTimeout bounds each request. Defaults to 30s.
 	RequestTimeout time.Duration

@@ -67,7 +67,7 @@ func TestConformanceCLIPasses(t *testing.T) {
 			}
 			return "", errors.New("no credentials")
 		},
-		Retention: time.Second,
+		Retention: 2 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +79,7 @@ func TestConformanceCLIPasses(t *testing.T) {
 		"--principal-b-header", "Authorization: Bearer demo-bob",
 		"--fault-header", "X-Fault: 1",
 		"--count-url", url+"/count",
-		"--ttl", "1s", "--json")
+		"--ttl", "2s", "--json")
 	if code != 0 || stderr != "" {
 		t.Fatalf("exit %d, stderr %q\n%s", code, stderr, stdout)
 	}
@@ -244,7 +244,7 @@ func startPaysimProcess(t *testing.T, args ...string) string {
 // exit status 1.
 func TestConformanceCLIAgainstPaysimProcess(t *testing.T) {
 	t.Parallel()
-	url := startPaysimProcess(t, "--latency", "100ms")
+	url := startPaysimProcess(t, "--latency", "200ms")
 	args := []string{"conformance", "--url", url + "/charges", "--body", bodyFile(t),
 		"--header", "Authorization: Bearer demo-alice", "--count-url", url + "/ledger", "--json"}
 	stdout, stderr, code := runIdem(t, nil, args...)

@@ -18,7 +18,7 @@
 //
 // newStore is called once per subtest and must return an empty store of
 // its own; subtests run in parallel. Leases and retentions are short real
-// durations (about a second) measured in the store's own clock, and every
+// durations (a few seconds) measured in the store's own clock, and every
 // wait is a poll with a deadline, never a fixed sleep, so the suite takes a
 // few seconds and tolerates a slow machine. What it cannot prove: durability
 // across a process crash (that is the PostgreSQL store's own test) and
@@ -42,11 +42,11 @@ import (
 // Durations the suite uses.
 const (
 	// Lease is the short lease of claims that a subtest lets run out.
-	Lease = 1500 * time.Millisecond
+	Lease = 3 * time.Second
 	// Long is a lease or retention that never runs out during a test.
 	Long = time.Hour
 	// Retention is the short retention of records a subtest lets expire.
-	Retention = 1500 * time.Millisecond
+	Retention = 3 * time.Second
 	// WaitTimeout bounds every poll for a lease or retention to run out.
 	WaitTimeout = 20 * time.Second
 	// Racers is how many goroutines race on one key.
