@@ -296,6 +296,7 @@ func TestConsumerRebalanceExactlyOnce(t *testing.T) {
 				return func(cfg *kafka.ConsumerConfig) {
 					cfg.Batch = batch
 					cfg.MaxPollRecords = 20
+					cfg.ClientOpts = []kgo.Opt{kgo.HeartbeatInterval(200 * time.Millisecond)}
 					cfg.OnProcessed = func(_ context.Context, _ *kgo.Record, o kafka.Outcome) {
 						if o == kafka.OutcomeHandled {
 							n.Add(1)

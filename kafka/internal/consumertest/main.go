@@ -52,6 +52,9 @@ func run() error {
 		Topics:        []string{os.Getenv("CONS_TOPIC")},
 		Batch:         os.Getenv("CONS_BATCH") == "1",
 		CommitTimeout: 5 * time.Second,
+		// A SIGKILLed member stays in the group until its session times
+		// out; a short session lets the restarted process in sooner.
+		ClientOpts: []kgo.Opt{kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(500 * time.Millisecond)},
 		OnProcessed: func(_ context.Context, _ *kgo.Record, o kafka.Outcome) {
 			switch o {
 			case kafka.OutcomeHandled:
