@@ -36,16 +36,17 @@ const (
 	DeadLetterSuffixDefault = ".dlq"
 )
 
-// Header keys the consumer reads and writes.
+// Headers the consumer adds to a dead-lettered record, besides the
+// original headers (the event id among them, under HeaderEventID).
 const (
-	// EventIDHeaderKey is the record header carrying the event id (set by
-	// the outbox publisher).
-	EventIDHeaderKey = "event-id"
-	// DeadLetterErrorHeaderKey carries the last handler error on a
-	// dead-lettered record. The other dead-letter headers are
-	// dlq-source (topic/partition/offset), dlq-attempts and dlq-consumer;
-	// the original headers are kept.
-	DeadLetterErrorHeaderKey = "dlq-error"
+	// HeaderDeadLetterError carries the last handler error.
+	HeaderDeadLetterError = "dlq-error"
+	// HeaderDeadLetterSource is the original "topic/partition/offset".
+	HeaderDeadLetterSource = "dlq-source"
+	// HeaderDeadLetterAttempts is how many times the handler failed.
+	HeaderDeadLetterAttempts = "dlq-attempts"
+	// HeaderDeadLetterConsumer is the ConsumerID that gave up.
+	HeaderDeadLetterConsumer = "dlq-consumer"
 )
 
 var (
@@ -186,7 +187,7 @@ func (c *ConsumerConfig) validate() error {
 // across redeliveries of the same record but not across re-publishes.
 func RecordEventID(rec *kgo.Record) string {
 	for _, h := range rec.Headers {
-		if h.Key == EventIDHeaderKey && len(h.Value) > 0 {
+		if h.Key == HeaderEventID && len(h.Value) > 0 {
 			return string(h.Value)
 		}
 	}
@@ -615,13 +616,13 @@ func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, id string, c
 	}
 	headers := append([]kgo.RecordHeader(nil), rec.Headers...)
 	headers = append(headers,
-		kgo.RecordHeader{Key: DeadLetterErrorHeaderKey, Value: []byte(cause.Error())},
-		kgo.RecordHeader{Key: "dlq-source", Value: []byte(rec.Topic + "/" + strconv.Itoa(int(rec.Partition)) + "/" + strconv.FormatInt(rec.Offset, 10))},
-		kgo.RecordHeader{Key: "dlq-attempts", Value: []byte(strconv.Itoa(attempts))},
-		kgo.RecordHeader{Key: "dlq-consumer", Value: []byte(c.cfg.ConsumerID)},
+		kgo.RecordHeader{Key: HeaderDeadLetterError, Value: []byte(cause.Error())},
+		kgo.RecordHeader{Key: HeaderDeadLetterSource, Value: []byte(rec.Topic + "/" + strconv.Itoa(int(rec.Partition)) + "/" + strconv.FormatInt(rec.Offset, 10))},
+		kgo.RecordHeader{Key: HeaderDeadLetterAttempts, Value: []byte(strconv.Itoa(attempts))},
+		kgo.RecordHeader{Key: HeaderDeadLetterConsumer, Value: []byte(c.cfg.ConsumerID)},
 	)
-	if !hasHeader(rec, EventIDHeaderKey) {
-		headers = append(headers, kgo.RecordHeader{Key: EventIDHeaderKey, Value: []byte(id)})
+	if !hasHeader(rec, HeaderEventID) {
+		headers = append(headers, kgo.RecordHeader{Key: HeaderEventID, Value: []byte(id)})
 	}
 	dl := &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value, Headers: headers}
 	for attempt := 1; ; attempt++ {

@@ -63,7 +63,7 @@ func (b *consBundle) consProduce(t *testing.T, from, to int) {
 		recs = append(recs, &kgo.Record{
 			Key:     []byte("k" + strconv.Itoa(i%11)),
 			Value:   []byte(strconv.Itoa(i)),
-			Headers: []kgo.RecordHeader{{Key: kafka.EventIDHeaderKey, Value: []byte("ev-" + strconv.Itoa(i))}},
+			Headers: []kgo.RecordHeader{{Key: kafka.HeaderEventID, Value: []byte("ev-" + strconv.Itoa(i))}},
 		})
 	}
 	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
@@ -370,8 +370,8 @@ func TestConsumerPoisonGoesToDeadLetter(t *testing.T) {
 				for _, h := range dl[i].Headers {
 					hs[h.Key] = string(h.Value)
 				}
-				if string(dl[i].Value) != w.value || hs[kafka.DeadLetterErrorHeaderKey] != w.err || hs["dlq-attempts"] != w.attempts ||
-					hs[kafka.EventIDHeaderKey] != "ev-"+w.value || hs["dlq-source"] != b.topic+"/0/"+w.value {
+				if string(dl[i].Value) != w.value || hs[kafka.HeaderDeadLetterError] != w.err || hs[kafka.HeaderDeadLetterAttempts] != w.attempts ||
+					hs[kafka.HeaderEventID] != "ev-"+w.value || hs[kafka.HeaderDeadLetterSource] != b.topic+"/0/"+w.value {
 					t.Errorf("dead letter %d = %q %v, want value %s error %q attempts %s", i, dl[i].Value, hs, w.value, w.err, w.attempts)
 				}
 			}

@@ -127,7 +127,7 @@ func benchInboxProduce(ctx context.Context, addrs []string, topic string, partit
 			recs = append(recs, &kgo.Record{
 				Key:     []byte("order-" + strconv.Itoa(i%1000)),
 				Value:   []byte(`{"order_id":"` + strconv.Itoa(i) + `","total_kopecks":1000}`),
-				Headers: []kgo.RecordHeader{{Key: kafka.EventIDHeaderKey, Value: []byte("ev-" + strconv.Itoa(i))}},
+				Headers: []kgo.RecordHeader{{Key: kafka.HeaderEventID, Value: []byte("ev-" + strconv.Itoa(i))}},
 			})
 		}
 		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
