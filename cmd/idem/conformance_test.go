@@ -146,7 +146,7 @@ func TestConformanceCLIFails(t *testing.T) {
 	for _, want := range []string{
 		"replay (fail)", "repeat [key", // evidence of a failed check
 		"no key got 201, want 400",
-		"10 concurrent requests with one key: 10 executions counted, want 1",
+		"10 concurrent requests with one key: 10 execution(s) counted, want 1",
 	} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("output lacks %q:\n%s", want, stdout)
