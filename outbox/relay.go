@@ -401,11 +401,9 @@ func (r *Relay) batchAtLeastOnce(ctx context.Context) (int, error) {
 
 func (r *Relay) batchTwoPhase(ctx context.Context) (int, error) {
 	token := randomToken()
-	// Phase 1: the claim is one autocommitted statement; from here the
-	// rows are PUBLISHING under (owner, token) and no transaction is open.
-	rows, err := r.q.ClaimLease(ctx, dbsqlc.ClaimLeaseParams{
-		Owner: r.cfg.Owner, Token: token, BatchSize: int32(r.cfg.BatchSize),
-	})
+	// Phase 1: the claim commits on its own; from here the rows are
+	// PUBLISHING under (owner, token) and no transaction is open.
+	rows, err := r.claimLease(ctx, token)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: claim: %w", err)
 	}
@@ -461,6 +459,31 @@ func (r *Relay) batchTwoPhase(ctx context.Context) (int, error) {
 			ErrLeaseLost, len(rows)-int(marked), len(rows))
 	}
 	return len(rows), o.err
+}
+
+// claimLease runs the two-phase claim in a transaction committed with
+// synchronous_commit off: it does not wait for the WAL flush. That is safe
+// because losing the claim in a database crash is the same as the reaper
+// returning it — the rows are PENDING again and the relay's token-guarded
+// mark then changes nothing (an at-least-once duplicate at worst). The
+// mark that follows commits synchronously and flushes the claim's WAL with
+// its own. It saves one WAL flush per batch.
+func (r *Relay) claimLease(ctx context.Context, token int64) ([]dbsqlc.ClaimLeaseRow, error) {
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
+		return nil, err
+	}
+	rows, err := r.q.WithTx(tx).ClaimLease(ctx, dbsqlc.ClaimLeaseParams{
+		Owner: r.cfg.Owner, Token: token, BatchSize: int32(r.cfg.BatchSize),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rows, tx.Commit(ctx)
 }
 
 // outcome sorts a batch's events into delivered, failed (charged an

@@ -38,16 +38,21 @@ CREATE TABLE outbox_event (
     UNIQUE (aggregate_type, aggregate_id, aggregate_seq)
 );
 
--- The claim scans PENDING rows in id order.
-CREATE INDEX outbox_event_pending_idx ON outbox_event (id) WHERE status = 'PENDING';
--- Head-of-line check and run extension: the unpublished events of one
--- aggregate in sequence order.
-CREATE INDEX outbox_event_unpublished_idx ON outbox_event (aggregate_type, aggregate_id, aggregate_seq)
-    WHERE status <> 'PUBLISHED';
--- Reaper.
-CREATE INDEX outbox_event_publishing_idx ON outbox_event (locked_at) WHERE status = 'PUBLISHING';
+-- No index refers to status, lease or attempt columns: the two-phase
+-- claim (PENDING → PUBLISHING) and a failure mark then change no indexed
+-- column and can be HOT updates (fillfactor leaves room on the page for the
+-- new row version). Only the final mark (published_at set) moves a row
+-- between indexes.
+ALTER TABLE outbox_event SET (fillfactor = 70);
+-- The claim scans unpublished rows (PENDING, PUBLISHING, DEAD) in id
+-- order; the reaper scans them for expired leases.
+CREATE INDEX outbox_event_unpublished_idx ON outbox_event (id) WHERE published_at IS NULL;
 -- Retention purge.
-CREATE INDEX outbox_event_published_idx ON outbox_event (published_at) WHERE status = 'PUBLISHED';
+CREATE INDEX outbox_event_published_idx ON outbox_event (published_at) WHERE published_at IS NOT NULL;
+-- The head-of-line check and run extension use the UNIQUE (aggregate_type,
+-- aggregate_id, aggregate_seq) index: sequences have no gaps and an event
+-- is only published after its predecessor, so "the event at seq-1 is
+-- PUBLISHED or purged" means "every earlier event is".
 
 -- Wake idle relays when events commit: NOTIFY is delivered at commit (and
 -- not at all on rollback), and one statement-level trigger firing per

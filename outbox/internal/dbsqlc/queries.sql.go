@@ -15,17 +15,17 @@ const claimLease = `-- name: ClaimLease :many
 WITH heads AS (
     SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
     FROM outbox_event o
-    WHERE o.status = 'PENDING' AND o.available_at <= now()
+    WHERE o.published_at IS NULL AND o.status = 'PENDING' AND o.available_at <= now()
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq < o.aggregate_seq AND p.status <> 'PUBLISHED')
+            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
     ORDER BY o.id
     LIMIT $3::int
     FOR UPDATE SKIP LOCKED
 ),
 per_head AS (
-    SELECT ($3::int / greatest(count(*), 1))::int AS n FROM heads
+    SELECT (($3::int - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1))::int AS n FROM heads
 ),
 run AS (
     SELECT r.id,
@@ -36,7 +36,7 @@ run AS (
         SELECT e.id, e.aggregate_seq, e.status, e.available_at
         FROM outbox_event e
         WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id
-          AND e.aggregate_seq > h.aggregate_seq AND e.status <> 'PUBLISHED'
+          AND e.aggregate_seq > h.aggregate_seq
         ORDER BY e.aggregate_seq
         LIMIT (SELECT n FROM per_head)
     ) r
@@ -119,17 +119,17 @@ const claimLocked = `-- name: ClaimLocked :many
 WITH heads AS (
     SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
     FROM outbox_event o
-    WHERE o.status = 'PENDING' AND o.available_at <= now()
+    WHERE o.published_at IS NULL AND o.status = 'PENDING' AND o.available_at <= now()
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq < o.aggregate_seq AND p.status <> 'PUBLISHED')
+            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
     ORDER BY o.id
     LIMIT $1::int
     FOR UPDATE SKIP LOCKED
 ),
 per_head AS (
-    SELECT ($1::int / greatest(count(*), 1))::int AS n FROM heads
+    SELECT (($1::int - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1))::int AS n FROM heads
 ),
 run AS (
     SELECT r.id,
@@ -140,7 +140,7 @@ run AS (
         SELECT e.id, e.aggregate_seq, e.status, e.available_at
         FROM outbox_event e
         WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id
-          AND e.aggregate_seq > h.aggregate_seq AND e.status <> 'PUBLISHED'
+          AND e.aggregate_seq > h.aggregate_seq
         ORDER BY e.aggregate_seq
         LIMIT (SELECT n FROM per_head)
     ) r
@@ -180,7 +180,9 @@ type ClaimLockedRow struct {
 //
 // Per-aggregate order (both claims): "heads" are PENDING, available events
 // with no unpublished (PENDING, PUBLISHING or DEAD) event of the same
-// aggregate before them. Locking a head (FOR UPDATE SKIP LOCKED) gives
+// aggregate before them; checking the direct predecessor (seq - 1) is
+// enough, because sequences have no gaps and an event is published only
+// after its predecessor (a purged predecessor was published). Locking a head (FOR UPDATE SKIP LOCKED) gives
 // this relay the whole aggregate: every later event of it has the head as
 // an unpublished predecessor, so no other relay sees it as a head. The
 // claim then extends each head with the contiguous run of PENDING,
@@ -468,7 +470,7 @@ const purgePublished = `-- name: PurgePublished :execrows
 DELETE FROM outbox_event
 WHERE id IN (
     SELECT o.id FROM outbox_event o
-    WHERE o.status = 'PUBLISHED' AND o.published_at < now() - $1::bigint * interval '1 millisecond'
+    WHERE o.published_at IS NOT NULL AND o.status = 'PUBLISHED' AND o.published_at < now() - $1::bigint * interval '1 millisecond'
     ORDER BY o.published_at
     LIMIT $2::int
 )
@@ -492,7 +494,8 @@ UPDATE outbox_event
 SET status = CASE WHEN attempts >= $1::int THEN 'DEAD' ELSE 'PENDING' END,
     last_error = 'outbox: lease of ' || coalesce(lease_owner, '?') || ' expired',
     lease_owner = NULL, lease_token = NULL, locked_at = NULL
-WHERE status = 'PUBLISHING' AND locked_at < now() - $2::bigint * interval '1 millisecond'
+WHERE published_at IS NULL AND status = 'PUBLISHING'
+  AND locked_at < now() - $2::bigint * interval '1 millisecond'
 `
 
 type ReapLeasesParams struct {

@@ -1,0 +1,422 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemkit/idem/internal/cli"
+	"github.com/idemkit/idem/kafka"
+	"github.com/idemkit/idem/migrate"
+	"github.com/idemkit/idem/outbox"
+)
+
+func init() {
+	registerBench(&benchScenario{
+		Name: "relay",
+		Summary: "Outbox relay throughput on --events pending events over --aggregates aggregates:\n" +
+			"sql-ceiling (claim + mark statements alone, no publish), per-row (the seed\n" +
+			"article's loop: claim, one produce call, one UPDATE per row), at-least-once and\n" +
+			"two-phase (the outbox.Relay modes, one ProduceSync per batch); then\n" +
+			"notify-latency: commit → Kafka latency at --rate events/s with LISTEN/NOTIFY\n" +
+			"wake-up (poll interval 1s). In-process kfake broker, scratch schema (dropped after).",
+		Flags: func(fs *benchFlags) {
+			fs.Int("events", 100_000, "events drained by each throughput variant")
+			fs.Int("aggregates", 1000, "aggregates the events are spread over")
+			fs.Int("batch-size", 1000, "relay batch size")
+			fs.Int("latency-events", 5000, "events of the notify-latency run")
+			fs.Int("rate", 1000, "events per second in the notify-latency run")
+		},
+		Run: runBenchRelay,
+	})
+}
+
+type benchNopPublisher struct{}
+
+func (benchNopPublisher) Publish(context.Context, []outbox.Event) error { return nil }
+
+func runBenchRelay(ctx context.Context, env *benchEnv) ([]benchResult, error) {
+	events, aggregates, batchSize := *env.Ints["events"], *env.Ints["aggregates"], *env.Ints["batch-size"]
+	latEvents, rate := *env.Ints["latency-events"], *env.Ints["rate"]
+	for name, v := range map[string]int{"events": events, "aggregates": aggregates, "batch-size": batchSize, "latency-events": latEvents, "rate": rate} {
+		if v < 1 {
+			return nil, cli.Usagef("--%s must be at least 1", name)
+		}
+	}
+	if batchSize > 100_000 {
+		return nil, cli.Usagef("--batch-size must be at most 100000")
+	}
+
+	// Scratch schemas, one per throughput variant: the benchmark never
+	// touches the tables of the database it is pointed at.
+	admin, err := cli.Connect(ctx, env.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	prefix := "bench_relay_" + hex.EncodeToString(b[:])
+	newPool := func(i, maxConns int) (*pgxpool.Pool, error) {
+		schema := fmt.Sprintf("%s_%d", prefix, i)
+		if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+			return nil, fmt.Errorf("create scratch schema: %w", err)
+		}
+		u, err := url.Parse(env.DatabaseURL)
+		if err != nil {
+			return nil, cli.Usagef("database URL is malformed")
+		}
+		q := u.Query()
+		q.Set("search_path", schema)
+		q.Set("pool_max_conns", strconv.Itoa(maxConns))
+		u.RawQuery = q.Encode()
+		pool, err := cli.Connect(ctx, u.String())
+		if err != nil {
+			return nil, err
+		}
+		if _, err := migrate.Up(ctx, pool); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("migrate scratch schema: %w", err)
+		}
+		return pool, nil
+	}
+	defer func() {
+		for i := range 5 {
+			_, _ = admin.Exec(context.WithoutCancel(ctx), fmt.Sprintf("DROP SCHEMA IF EXISTS %s_%d CASCADE", prefix, i))
+		}
+	}()
+
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		return nil, fmt.Errorf("start kfake: %w", err)
+	}
+	defer cluster.Close()
+	addrs := cluster.ListenAddrs()
+	// Batches of small records to an in-process broker: compression would
+	// only burn the CPU the broker and PostgreSQL share with the relay.
+	cl, err := kgo.NewClient(append(kafka.ProducerOpts(), kgo.SeedBrokers(addrs...),
+		kgo.ProducerBatchCompression(kgo.NoCompression()))...)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	for _, topic := range []string{"bench.relay", "bench.latency"} {
+		resp, err := kadm.NewClient(cl).CreateTopic(ctx, 8, 1, nil, topic)
+		if err == nil {
+			err = resp.Err
+		}
+		if err != nil {
+			return nil, fmt.Errorf("create topic: %w", err)
+		}
+	}
+	pub, err := kafka.NewPublisher(cl, nil)
+	if err != nil {
+		return nil, err
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	newRelay := func(pool *pgxpool.Pool, mode outbox.Mode, p outbox.Publisher) (func(context.Context) (int, error), error) {
+		r, err := outbox.NewRelay(pool, p, &outbox.RelayConfig{Mode: mode, BatchSize: batchSize, DisableNotify: true, Logger: quiet})
+		if err != nil {
+			return nil, err
+		}
+		return r.RunBatch, nil
+	}
+	type variant struct {
+		name  string
+		pool  *pgxpool.Pool
+		batch func(context.Context) (int, error)
+		// figures
+		lat     []float64
+		elapsed time.Duration
+		total   int
+		done    bool
+	}
+	var vs []*variant
+	for i, name := range []string{"sql-ceiling", "per-row", "at-least-once", "two-phase"} {
+		pool, err := newPool(i, 4)
+		if err != nil {
+			return nil, err
+		}
+		defer pool.Close()
+		v := &variant{name: name, pool: pool}
+		switch name {
+		case "sql-ceiling":
+			v.batch, err = newRelay(pool, outbox.AtLeastOnce, benchNopPublisher{})
+		case "per-row":
+			v.batch = func(ctx context.Context) (int, error) { return benchPerRowBatch(ctx, pool, cl, batchSize) }
+		case "at-least-once":
+			v.batch, err = newRelay(pool, outbox.AtLeastOnce, pub)
+		case "two-phase":
+			v.batch, err = newRelay(pool, outbox.TwoPhase, pub)
+		}
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(env.Log, "relay: %s: seeding %d events...\n", name, events)
+		if err := benchRelaySeed(ctx, pool, events, aggregates); err != nil {
+			return nil, fmt.Errorf("%s: seed: %w", name, err)
+		}
+		vs = append(vs, v)
+	}
+	// The variants take turns, one batch each, so that the load of a
+	// shared machine falls on all of them alike; each variant's rate is its
+	// events over the time spent in its own batches.
+	fmt.Fprintf(env.Log, "relay: draining %d events per variant, batches interleaved...\n", events)
+	for active := len(vs); active > 0; {
+		for _, v := range vs {
+			if v.done {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			t0 := time.Now()
+			k, err := v.batch(ctx)
+			d := time.Since(t0)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", v.name, err)
+			}
+			v.elapsed += d
+			if k == 0 {
+				v.done = true
+				active--
+				continue
+			}
+			v.lat = append(v.lat, float64(d.Microseconds())/1000)
+			v.total += k
+		}
+	}
+	var results []benchResult
+	for _, v := range vs {
+		var published int
+		if err := v.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'").Scan(&published); err != nil {
+			return nil, err
+		}
+		if published != events || v.total != events {
+			return nil, fmt.Errorf("%s: published %d (claimed %d) of %d events", v.name, published, v.total, events)
+		}
+		slices.Sort(v.lat)
+		results = append(results, benchResult{Name: v.name, OpsPerSec: float64(events) / v.elapsed.Seconds(),
+			P50Ms: v.lat[len(v.lat)/2], P99Ms: v.lat[len(v.lat)*99/100], Ops: events})
+	}
+	latPool, err := newPool(4, 40)
+	if err != nil {
+		return nil, err
+	}
+	defer latPool.Close()
+	fmt.Fprintf(env.Log, "relay: notify-latency: %d events at %d/s...\n", latEvents, rate)
+	res, err := benchRelayLatency(ctx, latPool, addrs, pub, latEvents, rate, quiet)
+	if err != nil {
+		return nil, fmt.Errorf("notify-latency: %w", err)
+	}
+	return append(results, res), nil
+}
+
+// benchRelaySeed empties the table and inserts n PENDING events directly
+// (one statement; EnqueueTx's numbering is reproduced by the arithmetic).
+func benchRelaySeed(ctx context.Context, pool *pgxpool.Pool, n, aggregates int) error {
+	for _, q := range []string{
+		"TRUNCATE outbox_event, outbox_aggregate",
+		`INSERT INTO outbox_event (topic, aggregate_type, aggregate_id, aggregate_seq, event_id, event_type, payload)
+		 SELECT 'bench.relay', 'order', 'agg-' || (g % ` + strconv.Itoa(aggregates) + `), g / ` + strconv.Itoa(aggregates) + ` + 1,
+		        'ev-' || g, 'BenchEvent', convert_to(repeat('x', 100), 'UTF8')
+		 FROM generate_series(0, ` + strconv.Itoa(n-1) + `) g`,
+		"VACUUM ANALYZE outbox_event",
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// benchPerRowBatch is the seed article's loop: claim with FOR UPDATE SKIP
+// LOCKED, one produce call for the batch, then one UPDATE per row, all in
+// one transaction. Raw SQL: it is the baseline, not the package's code.
+func benchPerRowBatch(ctx context.Context, pool *pgxpool.Pool, cl *kgo.Client, batchSize int) (int, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	rows, err := tx.Query(ctx, `SELECT id, topic, aggregate_id, event_id, payload FROM outbox_event
+		WHERE status = 'PENDING' ORDER BY created_at, id LIMIT $1 FOR UPDATE SKIP LOCKED`, batchSize)
+	if err != nil {
+		return 0, err
+	}
+	var ids []int64
+	var recs []*kgo.Record
+	for rows.Next() {
+		var id int64
+		var topic, agg, eventID string
+		var payload []byte
+		if err := rows.Scan(&id, &topic, &agg, &eventID, &payload); err != nil {
+			return 0, err
+		}
+		ids = append(ids, id)
+		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(agg), Value: payload,
+			Headers: []kgo.RecordHeader{{Key: kafka.HeaderEventID, Value: []byte(eventID)}}})
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	if len(ids) == 0 {
+		return 0, tx.Commit(ctx)
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		return 0, err
+	}
+	for _, id := range ids {
+		if _, err := tx.Exec(ctx, `UPDATE outbox_event SET status = 'PUBLISHED', published_at = now() WHERE id = $1`, id); err != nil {
+			return 0, err
+		}
+	}
+	return len(ids), tx.Commit(ctx)
+}
+
+// benchRelayLatency runs a started relay (LISTEN/NOTIFY, 1 s poll) while
+// four writers commit one event per transaction at rate events/s in
+// total; a consumer notes when each event arrives. Latency is arrival
+// minus the moment Commit returned.
+func benchRelayLatency(ctx context.Context, pool *pgxpool.Pool, addrs []string, pub outbox.Publisher, n, rate int, quiet *slog.Logger) (benchResult, error) {
+	if _, err := pool.Exec(ctx, "TRUNCATE outbox_event, outbox_aggregate"); err != nil {
+		return benchResult{}, err
+	}
+	relay, err := outbox.NewRelay(pool, pub, &outbox.RelayConfig{Logger: quiet})
+	if err != nil {
+		return benchResult{}, err
+	}
+	if err := relay.Start(ctx); err != nil {
+		return benchResult{}, err
+	}
+	defer func() { _ = relay.Stop(context.WithoutCancel(ctx)) }()
+	consumer, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics("bench.latency"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		return benchResult{}, err
+	}
+	defer consumer.Close()
+
+	committed := make([]time.Time, n)
+	arrived := make([]time.Time, n)
+	var mu sync.Mutex
+	warm := make(chan struct{})
+	all := make(chan struct{})
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	consumerDone := make(chan struct{})
+	go func() {
+		defer close(consumerDone)
+		got := 0
+		for cctx.Err() == nil {
+			fs := consumer.PollFetches(cctx)
+			now := time.Now()
+			fs.EachRecord(func(r *kgo.Record) {
+				id := ""
+				for _, h := range r.Headers {
+					if h.Key == kafka.HeaderEventID {
+						id = string(h.Value)
+					}
+				}
+				if id == "warm" {
+					close(warm)
+					return
+				}
+				i, err := strconv.Atoi(strings.TrimPrefix(id, "lat-"))
+				if err != nil || i < 0 || i >= n {
+					return
+				}
+				mu.Lock()
+				if arrived[i].IsZero() {
+					arrived[i] = now
+					if got++; got == n {
+						close(all)
+					}
+				}
+				mu.Unlock()
+			})
+		}
+	}()
+	enq := func(id string) (time.Time, error) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return time.Time{}, err
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		if _, err := outbox.EnqueueTx(ctx, tx, outbox.Message{Topic: "bench.latency", AggregateType: "order",
+			AggregateID: id, EventID: id, EventType: "BenchEvent", Payload: []byte("x")}); err != nil {
+			return time.Time{}, err
+		}
+		err = tx.Commit(ctx)
+		return time.Now(), err
+	}
+	// Warm-up: the consumer has its partitions and the listener is up.
+	if _, err := enq("warm"); err != nil {
+		return benchResult{}, err
+	}
+	select {
+	case <-warm:
+	case <-time.After(30 * time.Second):
+		return benchResult{}, errors.New("warm-up event did not arrive")
+	}
+
+	// Enough writers that commits (each waits for its WAL flush) keep up
+	// with the rate on a slow disk.
+	const writers = 32
+	interval := time.Second / time.Duration(rate)
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += writers {
+				if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+					time.Sleep(d) // pacing the load, not waiting for a result
+				}
+				at, err := enq("lat-" + strconv.Itoa(i))
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				committed[i] = at
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	produced := time.Since(start).Seconds()
+	close(errs)
+	if err := <-errs; err != nil {
+		return benchResult{}, err
+	}
+	select {
+	case <-all:
+	case <-time.After(60 * time.Second):
+		return benchResult{}, errors.New("not every event arrived within 60s")
+	}
+	cancel()
+	<-consumerDone
+	lat := make([]float64, n)
+	for i := range n {
+		lat[i] = max(0, float64(arrived[i].Sub(committed[i]).Microseconds())/1000)
+	}
+	slices.Sort(lat)
+	return benchResult{Name: "notify-latency", OpsPerSec: float64(n) / produced, P50Ms: lat[n/2], P99Ms: lat[n*99/100], Ops: n}, nil
+}
