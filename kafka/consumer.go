@@ -147,8 +147,9 @@ type ConsumerConfig struct {
 	Logger *slog.Logger
 	// ClientOpts are extra franz-go options (TLS, SASL, reset offset…),
 	// applied after the consumer's own. Options that change committing or
-	// rebalancing (autocommit, OnPartitions*) break the guarantee. Defaults
-	// to none.
+	// rebalancing (autocommit, OnPartitions*) break the guarantee; a static
+	// kgo.InstanceID makes Stop keep the partitions reserved until the
+	// session times out instead of handing them over. Defaults to none.
 	ClientOpts []kgo.Opt
 }
 

@@ -619,3 +619,51 @@ func TestConsumerLifecycleAndConfig(t *testing.T) {
 		t.Error("Permanent/IsPermanent")
 	}
 }
+
+// TestConsumerStopHandsPartitionsToLiveMember: A and B share the topic;
+// A stops gracefully; the records that keep arriving on A's partitions are
+// handled by B well within the 30s session timeout, which only happens if
+// A left the group rather than vanished.
+func TestConsumerStopHandsPartitionsToLiveMember(t *testing.T) {
+	t.Parallel()
+	b := consSetup(t, 2)
+	const session = 30 * time.Second
+	var handledA, handledB atomic.Int64
+	opts := func(n *atomic.Int64) func(*kafka.ConsumerConfig) {
+		return func(cfg *kafka.ConsumerConfig) {
+			cfg.ClientOpts = []kgo.Opt{kgo.SessionTimeout(session), kgo.HeartbeatInterval(200 * time.Millisecond)}
+			cfg.OnProcessed = func(context.Context, *kgo.Record, kafka.Outcome) { n.Add(1) }
+		}
+	}
+	a, err := kafka.NewConsumer(b.db.Pool, consEffectHandler("A"), b.consConfig(opts(&handledA)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b.consStart(t, consEffectHandler("B"), opts(&handledB))
+	total := 0
+	deadline := time.Now().Add(30 * time.Second)
+	for handledA.Load() == 0 || handledB.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("members never shared the topic: A %d, B %d", handledA.Load(), handledB.Load())
+		}
+		b.consProduce(t, total, total+10)
+		total += 10
+		b.consWaitEffects(t, total, 30*time.Second)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := a.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	doneA := handledA.Load()
+	b.consProduce(t, total, total+40) // lands on both partitions
+	total += 40
+	b.consWaitEffects(t, total, session/2)
+	b.consAssertExactlyOnce(t, total)
+	if handledA.Load() != doneA {
+		t.Fatalf("A handled records after Stop returned")
+	}
+}
