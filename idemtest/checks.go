@@ -383,7 +383,7 @@ func checkRetryAfter(ctx context.Context, r *runner, res *Result) {
 	} else {
 		const rounds = 5
 		for i := 0; i < rounds && len(seen) == 0; i++ {
-			o := reqOpts{label: fmt.Sprintf("racing, round %d", i+1), key: withKey(newKey("inprogress")), body: r.t.Body}
+			o := reqOpts{label: fmt.Sprintf("racing, round %d", i+1), key: withKey(newKey("inprogress")), body: r.t.Body, header: r.t.SlowHeader}
 			for _, p := range r.race(ctx, r.t.Concurrency, o) {
 				res.Evidence = append(res.Evidence, exchange(o, p))
 				if p.inProgress() {
@@ -392,7 +392,7 @@ func checkRetryAfter(ctx context.Context, r *runner, res *Result) {
 			}
 		}
 		if len(seen) == 0 {
-			res.Status, res.Reason = Skip, fmt.Sprintf("no in-progress answer in %d rounds of %d racing requests: the endpoint is too fast to observe (give Target.Hold or a slower endpoint)", rounds, r.t.Concurrency)
+			res.Status, res.Reason = Skip, fmt.Sprintf("no in-progress answer in %d rounds of %d racing requests: the endpoint is too fast to observe (give Target.Hold, Target.SlowHeader or a slower endpoint)", rounds, r.t.Concurrency)
 			return
 		}
 	}

@@ -163,6 +163,15 @@ func (f *fakeServer) execute(r *http.Request) (int, []byte) {
 	var status int
 	var body []byte
 	f.gate.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Slow") != "" {
+			// The server's own latency, as a test-only delay switch.
+			t := time.NewTimer(300 * time.Millisecond)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+			}
+		}
 		if r.Header.Get("X-Fault") != "" {
 			status, body = http.StatusInternalServerError, []byte(`{"error":"injected"}`)
 			return

@@ -244,6 +244,27 @@ func TestCheckReportsSubtests(t *testing.T) {
 	}
 }
 
+// TestSlowHeaderWithoutHold: a CLI user has no Gate; a delay switch on the
+// racing requests lets retry-after observe the in-progress answer.
+func TestSlowHeaderWithoutHold(t *testing.T) {
+	t.Parallel()
+	f, url := serveFake(t, broken{})
+	target := fakeTarget(f, url)
+	target.Hold = nil
+	target.SlowHeader = http.Header{"X-Slow": {"1"}}
+	rep, err := idemtest.Run(t.Context(), target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, _ := rep.Result(idemtest.CheckRetryAfter)
+	if res.Status != idemtest.Pass || !strings.Contains(res.Reason, "Retry-After=1") {
+		t.Fatalf("retry-after: %s", res)
+	}
+	if rep.Failed() {
+		t.Fatalf("report %s", statuses(rep))
+	}
+}
+
 func TestInvalidTarget(t *testing.T) {
 	t.Parallel()
 	h := http.NotFoundHandler()

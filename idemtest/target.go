@@ -98,6 +98,11 @@ type Target struct {
 	// Gate). Defaults to none: retry-after races requests instead and may
 	// be skipped when the endpoint is too fast.
 	Hold func() (release func())
+	// SlowHeader, added to a request, makes the endpoint take long enough
+	// (a test-only delay switch) for racing requests to meet its claim.
+	// retry-after sends it on its racing requests when Hold is nil.
+	// Defaults to none: the requests race as they are.
+	SlowHeader http.Header
 	// FaultHeader, added to a request, makes the endpoint answer 5xx
 	// without executing (a test-only fault switch). Defaults to none: the
 	// server-error-released check is skipped.
@@ -213,7 +218,13 @@ func altBody(body []byte) []byte {
 func bumpFirstNumber(v *any) bool {
 	switch x := (*v).(type) {
 	case float64:
-		*v = x + 1
+		if x+1 != x {
+			*v = x + 1
+		} else {
+			// Too large for +1 to change it (1e300): any fingerprint
+			// that parses numbers would see the same value.
+			*v = -x
+		}
 		return true
 	case map[string]any:
 		names := make([]string, 0, len(x))

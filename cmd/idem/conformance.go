@@ -62,13 +62,14 @@ func (f *headerFlag) Set(s string) error {
 
 func runConformance(ctx context.Context, args []string) error {
 	fs := cli.FlagSet("conformance", conformanceUsage)
-	var headers, principalB, fault headerFlag
+	var headers, principalB, fault, slow headerFlag
 	url := fs.String("url", "", "endpoint `URL` to check (required)")
 	method := fs.String("method", http.MethodPost, "HTTP method of the endpoint")
 	bodyFile := fs.String("body", "", "`FILE` with a request body the endpoint accepts with a 2xx ('-' for stdin)")
 	altBodyFile := fs.String("alt-body", "", "`FILE` with a second valid body, for mismatch and expiry (default: --body with its first JSON number incremented)")
 	fs.Var(&headers, "header", "'Name: value' sent on every request (repeatable), e.g. 'Authorization: Bearer demo-alice'")
 	fs.Var(&principalB, "principal-b-header", "'Name: value' set over --header to act as a second principal (repeatable); enables the principals check")
+	fs.Var(&slow, "slow-header", "'Name: value' that makes the endpoint slow (repeatable), sent on the requests racing for an in-progress answer (retry-after)")
 	fs.Var(&fault, "fault-header", "'Name: value' that makes the endpoint answer 5xx without executing (repeatable); enables server-error-released")
 	countURL := fs.String("count-url", "", "`URL` read with GET before and after each check to count executions: a number, an array, {\"count\":n} or an object with a list (paysim's /ledger)")
 	concurrency := fs.Int("concurrency", idemtest.ConcurrencyDefault, "requests racing on one key")
@@ -108,6 +109,7 @@ func runConformance(ctx context.Context, args []string) error {
 		Header:         headers.h,
 		PrincipalB:     principalB.h,
 		FaultHeader:    fault.h,
+		SlowHeader:     slow.h,
 		CountURL:       *countURL,
 		Concurrency:    *concurrency,
 		TTL:            *ttl,
