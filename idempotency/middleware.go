@@ -331,7 +331,18 @@ func (m *Middleware) serveTx(next http.Handler, w http.ResponseWriter, r *http.R
 	e.Fence, e.Status = fence, status
 	if store {
 		// One commit: the claim, the handler's writes and the response.
-		if err := m.txs.CommitComplete(dctx, tx, rq.claim.Key, fence, m.stored(rec), m.cfg.Retention); err != nil {
+		err := m.txs.CommitComplete(dctx, tx, rq.claim.Key, fence, m.stored(rec), m.cfg.Retention)
+		if errors.Is(err, ErrFenced) {
+			// A two-step claim on the same key slipped in between our read
+			// and our record: everything rolled back, and that request owns
+			// the key now.
+			e.Kind, e.Err, e.Status = EventFenced, err, http.StatusConflict
+			m.hook(ctx, e)
+			w.Header().Set("Retry-After", "1")
+			writeProblem(w, http.StatusConflict, CodeKeyInProgress, "a request with this Idempotency-Key is in progress; retry later")
+			return
+		}
+		if err != nil {
 			e.Kind, e.Err, e.Status = EventStoreError, fmt.Errorf("%w: %w", ErrStoreUnavailable, err), http.StatusServiceUnavailable
 			m.hook(ctx, e)
 			// Whether a failed COMMIT took effect is unknown to us; the

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -148,50 +147,141 @@ func (s *PostgresStore) Purge(ctx context.Context, limit int) (int, error) {
 // sharing one (chance 2^-64) only make one of them wait its turn.
 func lockID(k KeyHash) int64 { return int64(binary.BigEndian.Uint64(k[:8])) }
 
-// BeginClaim implements TxStore: BEGIN, then the claim as the first
-// statement of the transaction.
+// claimTx is the request transaction over a DB that is not a pool: the
+// claim rides along for CommitComplete.
+type claimTx struct {
+	pgx.Tx
+	claim Claim
+}
+
+// BeginClaim implements TxStore: BEGIN, a try-lock on the key and a read of
+// its record (see TxLock and TxRead in queries.sql). Nothing is written
+// until CommitComplete. With a pool (*pgxpool.Pool) the three statements
+// travel in one pgx.Batch: one round trip. In this mode ClaimResult.Fence is
+// 0: the transaction itself is the fence.
 func (s *PostgresStore) BeginClaim(ctx context.Context, c Claim) (pgx.Tx, ClaimResult, error) {
-	for range claimAttempts {
-		tx, err := s.db.Begin(ctx)
+	var (
+		tx  pgx.Tx
+		got bool
+		row dbsqlc.TxReadRow
+	)
+	readArgs := dbsqlc.TxReadParams{KeyHash: c.Key[:], Fingerprint: c.Fingerprint[:]}
+	if a, ok := s.db.(acquirer); ok {
+		pc, err := a.Acquire(ctx)
+		if err != nil {
+			return nil, ClaimResult{}, fmt.Errorf("idempotency: acquire: %w", err)
+		}
+		pt := &pipeTx{pc: pc, conn: pc.Conn(), claim: c}
+		b := &pgx.Batch{}
+		b.Queue("begin")
+		b.Queue(dbsqlc.TxLockSQL, lockID(c.Key)).QueryRow(func(r pgx.Row) error { return r.Scan(&got) })
+		b.Queue(dbsqlc.TxReadSQL, dbsqlc.TxReadArgs(readArgs)...).QueryRow(func(r pgx.Row) error {
+			return r.Scan(&row.Outcome, &row.RetryAfterUs, &row.ResponseStatus, &row.ResponseHeaders, &row.ResponseBody)
+		})
+		if err := pt.conn.SendBatch(ctx, b).Close(); err != nil {
+			// A failed batch leaves the transaction aborted (or never
+			// begun); the pool destroys a connection released inside one.
+			_ = pt.Rollback(context.WithoutCancel(ctx))
+			return nil, ClaimResult{}, fmt.Errorf("idempotency: claim: %w", err)
+		}
+		tx = pt
+	} else {
+		btx, err := s.db.Begin(ctx)
 		if err != nil {
 			return nil, ClaimResult{}, fmt.Errorf("idempotency: begin: %w", err)
 		}
-		row, err := dbsqlc.New(tx).ClaimTx(ctx, dbsqlc.ClaimTxParams{
-			KeyHash:     c.Key[:],
-			Fingerprint: c.Fingerprint[:],
-			LockID:      lockID(c.Key),
-			LeaseS:      c.Lease.Seconds(),
-			RetentionS:  c.Retention.Seconds(),
-		})
+		q := dbsqlc.New(btx)
+		got, err = q.TxLock(ctx, lockID(c.Key))
+		if err == nil {
+			row, err = q.TxRead(ctx, readArgs)
+		}
 		if err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			_ = btx.Rollback(context.WithoutCancel(ctx))
 			return nil, ClaimResult{}, fmt.Errorf("idempotency: claim: %w", err)
 		}
-		res, retry, err := claimResult(row.Outcome, row.Fence, row.RetryAfterUs, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
-		if err == nil && !retry && (res.Outcome == OutcomeClaimed || res.Outcome == OutcomeTookOver) {
-			return tx, res, nil
-		}
-		if rerr := tx.Rollback(context.WithoutCancel(ctx)); rerr != nil && err == nil {
-			err = fmt.Errorf("idempotency: rollback: %w", rerr)
-		}
-		if err != nil || !retry {
-			return nil, res, err
-		}
+		tx = &claimTx{Tx: btx, claim: c}
 	}
-	return nil, ClaimResult{Outcome: OutcomeInProgress, RetryAfter: time.Second}, nil
+	outcome := row.Outcome
+	if !got && (outcome == "claimed" || outcome == "took_over") {
+		// Another transaction holds the key: its record is not committed
+		// yet, so we cannot see it (nor compare fingerprints).
+		outcome = "in_progress"
+	}
+	res, _, err := claimResult(outcome, 0, row.RetryAfterUs, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
+	if err == nil && (res.Outcome == OutcomeClaimed || res.Outcome == OutcomeTookOver) {
+		return tx, res, nil
+	}
+	// Not ours: end the transaction (and its advisory lock) now.
+	if rerr := tx.Rollback(context.WithoutCancel(ctx)); rerr != nil && err == nil {
+		err = fmt.Errorf("idempotency: rollback: %w", rerr)
+	}
+	return nil, res, err
 }
 
-// CommitComplete implements TxStore.
+// CommitComplete implements TxStore: it writes the complete record in tx
+// and commits. For a transaction over a pool, the two travel in one
+// pgx.Batch: one round trip, one commit. If the key was taken meanwhile (a
+// two-step claim on the same key), the record statement aborts the
+// transaction, so the COMMIT behind it rolls back, and the result is
+// ErrFenced.
 func (s *PostgresStore) CommitComplete(ctx context.Context, tx pgx.Tx, key KeyHash, fence int64, resp *Response, retention time.Duration) error {
-	if err := complete(ctx, dbsqlc.New(tx), key, fence, resp, retention); err != nil {
+	var c Claim
+	switch t := tx.(type) {
+	case *pipeTx:
+		c = t.claim
+	case *claimTx:
+		c = t.claim
+	default:
+		return fmt.Errorf("idempotency: CommitComplete needs a transaction from BeginClaim, got %T", tx)
+	}
+	hdr, err := json.Marshal(resp.Header)
+	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return err
+		return fmt.Errorf("idempotency: encode headers: %w", err)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		if errors.Is(err, pgx.ErrTxCommitRollback) {
-			return fmt.Errorf("idempotency: commit rolled back: %w", err)
+	body := resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	params := dbsqlc.TxCompleteParams{
+		KeyHash: c.Key[:], Fingerprint: c.Fingerprint[:], Status: int32(resp.Status), Headers: hdr, Body: body,
+		RetentionS: retention.Seconds(),
+	}
+	pt, ok := tx.(*pipeTx)
+	if !ok {
+		if _, err := dbsqlc.New(tx).TxComplete(ctx, params); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			if isDivisionByZero(err) {
+				return ErrFenced
+			}
+			return fmt.Errorf("idempotency: complete: %w", err)
 		}
-		return fmt.Errorf("idempotency: commit: %w", err)
+		if err := tx.Commit(ctx); err != nil {
+			return fmt.Errorf("idempotency: commit: %w", err)
+		}
+		return nil
 	}
+	if pt.closed {
+		return pgx.ErrTxClosed
+	}
+	var commitTag pgconn.CommandTag
+	b := &pgx.Batch{}
+	b.Queue(dbsqlc.TxCompleteSQL, dbsqlc.TxCompleteArgs(params)...)
+	b.Queue("commit").Exec(func(ct pgconn.CommandTag) error { commitTag = ct; return nil })
+	err = pt.conn.SendBatch(ctx, b).Close()
+	if err == nil && commitTag.String() == "ROLLBACK" {
+		err = pgx.ErrTxCommitRollback
+	}
+	if err != nil {
+		if pt.conn.PgConn().TxStatus() != 'I' {
+			_ = pt.end(context.WithoutCancel(ctx), "rollback")
+		}
+		pt.release()
+		if isDivisionByZero(err) {
+			return ErrFenced
+		}
+		return fmt.Errorf("idempotency: complete and commit: %w", err)
+	}
+	pt.release()
 	return nil
 }

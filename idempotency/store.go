@@ -141,10 +141,14 @@ type TxStore interface {
 	// and the caller must end it with CommitComplete or a Rollback; for
 	// any other outcome (or an error) tx is nil and nothing stays open.
 	// A concurrent BeginClaim on the same key does not wait for the open
-	// transaction: it reports OutcomeInProgress at once.
+	// transaction: it reports OutcomeInProgress at once (a mismatch cannot
+	// be seen until the first commits). Fence may be 0: the transaction is
+	// the fence.
 	BeginClaim(ctx context.Context, c Claim) (pgx.Tx, ClaimResult, error)
-	// CommitComplete stores resp in tx (it must come from BeginClaim with
-	// this fence) and commits tx. On error tx is rolled back.
+	// CommitComplete stores resp in tx (it must come from BeginClaim) and
+	// commits tx: the claim, everything written through tx and the response
+	// commit together. On error tx is rolled back; ErrFenced means the key
+	// was taken by another claimer meanwhile.
 	CommitComplete(ctx context.Context, tx pgx.Tx, key KeyHash, fence int64, resp *Response, retention time.Duration) error
 }
 

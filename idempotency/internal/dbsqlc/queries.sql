@@ -64,67 +64,41 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed AS c ON true
 LEFT JOIN idempotency_key AS p ON p.key_hash = @key_hash::bytea;
 
--- name: ClaimTx :one
--- The transactional claim, run as the first statement of the request
--- transaction; still one round trip.
+-- name: TxLock :one
+-- The transactional claim, part 1 of 2, pipelined in one round trip after
+-- BEGIN: try to take the key for this transaction.
 --
--- pg_try_advisory_xact_lock on the key first: a second request with the same
--- key would otherwise block on the uncommitted INSERT of the first (its row lock)
--- until that transaction ends. With the try-lock it answers in progress at
--- once. The lock CTE is referenced twice, so PostgreSQL evaluates it once,
--- and the INSERT takes its rows from it, so the lock is taken before the
--- INSERT looks for a conflict. The lock is released at commit or rollback.
--- Advisory locks are database-wide: the table oid is mixed into the lock id
--- so that the same key in two schemas (two applications) never collides.
--- A row committed by the previous holder after our snapshot gives retry,
--- as in Claim.
-WITH lock AS (
-    SELECT pg_try_advisory_xact_lock(@lock_id::bigint # 'idempotency_key'::regclass::oid::bigint) AS got
-), claimed AS (
-    INSERT INTO idempotency_key AS k (key_hash, fingerprint, state, locked_until, expires_at)
-    SELECT @key_hash::bytea, @fingerprint::bytea, 'claimed',
-           now() + make_interval(secs => @lease_s::float8),
-           now() + make_interval(secs => @retention_s::float8)
-    FROM lock WHERE lock.got
-      AND NOT EXISTS (
-        SELECT 1 FROM idempotency_key AS live
-        WHERE live.key_hash = @key_hash::bytea
-          AND live.expires_at > now()
-          AND NOT (live.fingerprint = @fingerprint::bytea
-                   AND (live.state = 'released' OR (live.state = 'claimed' AND live.locked_until <= now()))))
-    ON CONFLICT (key_hash) DO UPDATE
-        SET fingerprint = excluded.fingerprint,
-            state = 'claimed',
-            fence = excluded.fence,
-            locked_until = excluded.locked_until,
-            response_status = NULL,
-            response_headers = NULL,
-            response_body = NULL,
-            created_at = now(),
-            completed_at = NULL,
-            expires_at = excluded.expires_at
-        WHERE k.expires_at <= now()
-           OR (k.fingerprint = excluded.fingerprint
-               AND (k.state = 'released' OR (k.state = 'claimed' AND k.locked_until <= now())))
-    RETURNING k.fence
-)
+-- A transaction-scoped advisory lock, not a row: a second request with the
+-- same key would otherwise block on the uncommitted INSERT of the first
+-- until that transaction ends; with the try-lock it answers in progress at
+-- once. Nothing is written at claim time: the record is inserted, complete,
+-- by TxComplete just before COMMIT, so a rollback leaves nothing. Advisory
+-- locks are database-wide, so the table oid is mixed into the id: the same
+-- key in two schemas (two applications) never collides.
+SELECT pg_try_advisory_xact_lock(@lock_id::bigint # 'idempotency_key'::regclass::oid::bigint) AS got;
+
+-- name: TxRead :one
+-- The transactional claim, part 2 of 2: the record as it stands. This is a
+-- separate statement, after TxLock, because in READ COMMITTED each statement
+-- takes its snapshot when it starts: one taken after the lock was granted
+-- sees the previous holder committed (PostgreSQL makes a commit visible
+-- before it releases the locks), so a completed record is replayed, never
+-- missed. The caller combines it with TxLock: without the lock, claimed and
+-- took_over mean in progress.
 SELECT
     (CASE
-        WHEN c.fence IS NOT NULL THEN
-            CASE WHEN p.state = 'claimed' AND p.expires_at > now() THEN 'took_over' ELSE 'claimed' END
-        WHEN p.key_hash IS NOT NULL AND p.expires_at > now() AND p.fingerprint <> @fingerprint::bytea THEN 'mismatch'
-        WHEN p.key_hash IS NOT NULL AND p.expires_at > now() AND p.state = 'completed' THEN 'completed'
-        WHEN NOT l.got THEN 'in_progress'
-        WHEN p.state = 'claimed' AND p.locked_until > now() THEN 'in_progress'
-        ELSE 'retry'
+        WHEN p.key_hash IS NULL OR p.expires_at <= now() THEN 'claimed'
+        WHEN p.fingerprint <> @fingerprint::bytea THEN 'mismatch'
+        WHEN p.state = 'completed' THEN 'completed'
+        WHEN p.state = 'released' THEN 'claimed'
+        WHEN p.locked_until <= now() THEN 'took_over'
+        ELSE 'in_progress'
     END)::text AS outcome,
-    COALESCE(c.fence, 0)::bigint AS fence,
     COALESCE((EXTRACT(EPOCH FROM (p.locked_until - now())) * 1000000)::bigint, 0)::bigint AS retry_after_us,
     COALESCE(p.response_status, 0)::integer AS response_status,
     p.response_headers,
     p.response_body
-FROM lock AS l
-LEFT JOIN claimed AS c ON true
+FROM (SELECT 1) AS one
 LEFT JOIN idempotency_key AS p ON p.key_hash = @key_hash::bytea;
 
 -- name: Complete :execrows
@@ -154,3 +128,35 @@ WHERE key_hash IN (
     LIMIT @batch::integer
     FOR UPDATE SKIP LOCKED
 );
+
+-- name: TxComplete :one
+-- The record of a transactional request, written complete in the request
+-- transaction and pipelined with its COMMIT: the claim, the handler writes
+-- and the response commit together. The upsert takes over only what the
+-- claim saw as claimable (new, expired, released, lease run out). Should it
+-- find anything else (a two-step claimer on the same key slipped in), it
+-- must abort the transaction so that the COMMIT queued behind it rolls
+-- back: the division by zero raises exactly then.
+WITH done AS (
+    INSERT INTO idempotency_key AS k (key_hash, fingerprint, state, locked_until,
+        response_status, response_headers, response_body, completed_at, expires_at)
+    VALUES (@key_hash::bytea, @fingerprint::bytea, 'completed', NULL,
+        @status::integer, @headers::jsonb, @body::bytea, now(),
+        now() + make_interval(secs => @retention_s::float8))
+    ON CONFLICT (key_hash) DO UPDATE
+        SET fingerprint = excluded.fingerprint,
+            state = 'completed',
+            fence = excluded.fence,
+            locked_until = NULL,
+            response_status = excluded.response_status,
+            response_headers = excluded.response_headers,
+            response_body = excluded.response_body,
+            created_at = now(),
+            completed_at = now(),
+            expires_at = excluded.expires_at
+        WHERE k.expires_at <= now()
+           OR (k.fingerprint = excluded.fingerprint
+               AND (k.state = 'released' OR (k.state = 'claimed' AND k.locked_until <= now())))
+    RETURNING k.fence
+)
+SELECT (1 / (SELECT count(*) FROM done))::integer AS completed;

@@ -111,107 +111,6 @@ func (q *Queries) Claim(ctx context.Context, arg ClaimParams) (ClaimRow, error) 
 	return i, err
 }
 
-const claimTx = `-- name: ClaimTx :one
-WITH lock AS (
-    SELECT pg_try_advisory_xact_lock($3::bigint # 'idempotency_key'::regclass::oid::bigint) AS got
-), claimed AS (
-    INSERT INTO idempotency_key AS k (key_hash, fingerprint, state, locked_until, expires_at)
-    SELECT $2::bytea, $1::bytea, 'claimed',
-           now() + make_interval(secs => $4::float8),
-           now() + make_interval(secs => $5::float8)
-    FROM lock WHERE lock.got
-      AND NOT EXISTS (
-        SELECT 1 FROM idempotency_key AS live
-        WHERE live.key_hash = $2::bytea
-          AND live.expires_at > now()
-          AND NOT (live.fingerprint = $1::bytea
-                   AND (live.state = 'released' OR (live.state = 'claimed' AND live.locked_until <= now()))))
-    ON CONFLICT (key_hash) DO UPDATE
-        SET fingerprint = excluded.fingerprint,
-            state = 'claimed',
-            fence = excluded.fence,
-            locked_until = excluded.locked_until,
-            response_status = NULL,
-            response_headers = NULL,
-            response_body = NULL,
-            created_at = now(),
-            completed_at = NULL,
-            expires_at = excluded.expires_at
-        WHERE k.expires_at <= now()
-           OR (k.fingerprint = excluded.fingerprint
-               AND (k.state = 'released' OR (k.state = 'claimed' AND k.locked_until <= now())))
-    RETURNING k.fence
-)
-SELECT
-    (CASE
-        WHEN c.fence IS NOT NULL THEN
-            CASE WHEN p.state = 'claimed' AND p.expires_at > now() THEN 'took_over' ELSE 'claimed' END
-        WHEN p.key_hash IS NOT NULL AND p.expires_at > now() AND p.fingerprint <> $1::bytea THEN 'mismatch'
-        WHEN p.key_hash IS NOT NULL AND p.expires_at > now() AND p.state = 'completed' THEN 'completed'
-        WHEN NOT l.got THEN 'in_progress'
-        WHEN p.state = 'claimed' AND p.locked_until > now() THEN 'in_progress'
-        ELSE 'retry'
-    END)::text AS outcome,
-    COALESCE(c.fence, 0)::bigint AS fence,
-    COALESCE((EXTRACT(EPOCH FROM (p.locked_until - now())) * 1000000)::bigint, 0)::bigint AS retry_after_us,
-    COALESCE(p.response_status, 0)::integer AS response_status,
-    p.response_headers,
-    p.response_body
-FROM lock AS l
-LEFT JOIN claimed AS c ON true
-LEFT JOIN idempotency_key AS p ON p.key_hash = $2::bytea
-`
-
-type ClaimTxParams struct {
-	Fingerprint []byte
-	KeyHash     []byte
-	LockID      int64
-	LeaseS      float64
-	RetentionS  float64
-}
-
-type ClaimTxRow struct {
-	Outcome         string
-	Fence           int64
-	RetryAfterUs    int64
-	ResponseStatus  int32
-	ResponseHeaders []byte
-	ResponseBody    []byte
-}
-
-// The transactional claim, run as the first statement of the request
-// transaction; still one round trip.
-//
-// pg_try_advisory_xact_lock on the key first: a second request with the same
-// key would otherwise block on the uncommitted INSERT of the first (its row lock)
-// until that transaction ends. With the try-lock it answers in progress at
-// once. The lock CTE is referenced twice, so PostgreSQL evaluates it once,
-// and the INSERT takes its rows from it, so the lock is taken before the
-// INSERT looks for a conflict. The lock is released at commit or rollback.
-// Advisory locks are database-wide: the table oid is mixed into the lock id
-// so that the same key in two schemas (two applications) never collides.
-// A row committed by the previous holder after our snapshot gives retry,
-// as in Claim.
-func (q *Queries) ClaimTx(ctx context.Context, arg ClaimTxParams) (ClaimTxRow, error) {
-	row := q.db.QueryRow(ctx, claimTx,
-		arg.Fingerprint,
-		arg.KeyHash,
-		arg.LockID,
-		arg.LeaseS,
-		arg.RetentionS,
-	)
-	var i ClaimTxRow
-	err := row.Scan(
-		&i.Outcome,
-		&i.Fence,
-		&i.RetryAfterUs,
-		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
-	)
-	return i, err
-}
-
 const complete = `-- name: Complete :execrows
 UPDATE idempotency_key
 SET state = 'completed',
@@ -286,4 +185,132 @@ func (q *Queries) Release(ctx context.Context, arg ReleaseParams) (int64, error)
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const txComplete = `-- name: TxComplete :one
+WITH done AS (
+    INSERT INTO idempotency_key AS k (key_hash, fingerprint, state, locked_until,
+        response_status, response_headers, response_body, completed_at, expires_at)
+    VALUES ($1::bytea, $2::bytea, 'completed', NULL,
+        $3::integer, $4::jsonb, $5::bytea, now(),
+        now() + make_interval(secs => $6::float8))
+    ON CONFLICT (key_hash) DO UPDATE
+        SET fingerprint = excluded.fingerprint,
+            state = 'completed',
+            fence = excluded.fence,
+            locked_until = NULL,
+            response_status = excluded.response_status,
+            response_headers = excluded.response_headers,
+            response_body = excluded.response_body,
+            created_at = now(),
+            completed_at = now(),
+            expires_at = excluded.expires_at
+        WHERE k.expires_at <= now()
+           OR (k.fingerprint = excluded.fingerprint
+               AND (k.state = 'released' OR (k.state = 'claimed' AND k.locked_until <= now())))
+    RETURNING k.fence
+)
+SELECT (1 / (SELECT count(*) FROM done))::integer AS completed
+`
+
+type TxCompleteParams struct {
+	KeyHash     []byte
+	Fingerprint []byte
+	Status      int32
+	Headers     []byte
+	Body        []byte
+	RetentionS  float64
+}
+
+// The record of a transactional request, written complete in the request
+// transaction and pipelined with its COMMIT: the claim, the handler writes
+// and the response commit together. The upsert takes over only what the
+// claim saw as claimable (new, expired, released, lease run out). Should it
+// find anything else (a two-step claimer on the same key slipped in), it
+// must abort the transaction so that the COMMIT queued behind it rolls
+// back: the division by zero raises exactly then.
+func (q *Queries) TxComplete(ctx context.Context, arg TxCompleteParams) (int32, error) {
+	row := q.db.QueryRow(ctx, txComplete,
+		arg.KeyHash,
+		arg.Fingerprint,
+		arg.Status,
+		arg.Headers,
+		arg.Body,
+		arg.RetentionS,
+	)
+	var completed int32
+	err := row.Scan(&completed)
+	return completed, err
+}
+
+const txLock = `-- name: TxLock :one
+SELECT pg_try_advisory_xact_lock($1::bigint # 'idempotency_key'::regclass::oid::bigint) AS got
+`
+
+// The transactional claim, part 1 of 2, pipelined in one round trip after
+// BEGIN: try to take the key for this transaction.
+//
+// A transaction-scoped advisory lock, not a row: a second request with the
+// same key would otherwise block on the uncommitted INSERT of the first
+// until that transaction ends; with the try-lock it answers in progress at
+// once. Nothing is written at claim time: the record is inserted, complete,
+// by TxComplete just before COMMIT, so a rollback leaves nothing. Advisory
+// locks are database-wide, so the table oid is mixed into the id: the same
+// key in two schemas (two applications) never collides.
+func (q *Queries) TxLock(ctx context.Context, lockID int64) (bool, error) {
+	row := q.db.QueryRow(ctx, txLock, lockID)
+	var got bool
+	err := row.Scan(&got)
+	return got, err
+}
+
+const txRead = `-- name: TxRead :one
+SELECT
+    (CASE
+        WHEN p.key_hash IS NULL OR p.expires_at <= now() THEN 'claimed'
+        WHEN p.fingerprint <> $1::bytea THEN 'mismatch'
+        WHEN p.state = 'completed' THEN 'completed'
+        WHEN p.state = 'released' THEN 'claimed'
+        WHEN p.locked_until <= now() THEN 'took_over'
+        ELSE 'in_progress'
+    END)::text AS outcome,
+    COALESCE((EXTRACT(EPOCH FROM (p.locked_until - now())) * 1000000)::bigint, 0)::bigint AS retry_after_us,
+    COALESCE(p.response_status, 0)::integer AS response_status,
+    p.response_headers,
+    p.response_body
+FROM (SELECT 1) AS one
+LEFT JOIN idempotency_key AS p ON p.key_hash = $2::bytea
+`
+
+type TxReadParams struct {
+	Fingerprint []byte
+	KeyHash     []byte
+}
+
+type TxReadRow struct {
+	Outcome         string
+	RetryAfterUs    int64
+	ResponseStatus  int32
+	ResponseHeaders []byte
+	ResponseBody    []byte
+}
+
+// The transactional claim, part 2 of 2: the record as it stands. This is a
+// separate statement, after TxLock, because in READ COMMITTED each statement
+// takes its snapshot when it starts: one taken after the lock was granted
+// sees the previous holder committed (PostgreSQL makes a commit visible
+// before it releases the locks), so a completed record is replayed, never
+// missed. The caller combines it with TxLock: without the lock, claimed and
+// took_over mean in progress.
+func (q *Queries) TxRead(ctx context.Context, arg TxReadParams) (TxReadRow, error) {
+	row := q.db.QueryRow(ctx, txRead, arg.Fingerprint, arg.KeyHash)
+	var i TxReadRow
+	err := row.Scan(
+		&i.Outcome,
+		&i.RetryAfterUs,
+		&i.ResponseStatus,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
+	)
+	return i, err
 }
