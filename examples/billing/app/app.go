@@ -22,8 +22,8 @@ import (
 	"github.com/idemkit/idem/examples/billing/adapters/out/payment"
 	"github.com/idemkit/idem/examples/billing/adapters/out/postgres"
 	"github.com/idemkit/idem/examples/billing/consumer"
+	"github.com/idemkit/idem/examples/billing/scheduler"
 	"github.com/idemkit/idem/examples/billing/usecase"
-	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/kafka"
 	"github.com/idemkit/idem/lifecycle"
 	"github.com/idemkit/idem/outbox"
@@ -213,15 +213,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		// The batch in hand must finish inside the relay's stage: its
 		// timeout is below the stage's budget.
 		batchTimeout := min(outbox.BatchTimeoutDefault, share(20)*3/4)
-		relay, err := outbox.NewRelay(pool, pub, &outbox.RelayConfig{Mode: outbox.TwoPhase, BatchTimeout: batchTimeout, Logger: log})
+		loops, err := scheduler.New(pool, pub, batchTimeout, log)
 		if err != nil {
 			return err
 		}
-		purger, err := inbox.NewPurger(pool, &inbox.PurgerConfig{OnError: func(err error) { log.Warn("inbox purge", "error", err) }})
-		if err != nil {
-			return err
-		}
-		relayStage = append(relayStage, &relayComponent{relay}, purger)
+		relayStage = append(relayStage, loops...)
 		kafkaStage = append(kafkaStage, lifecycle.Closer(prodCl.Close))
 	}
 	if roles.Charger {
@@ -256,11 +252,6 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	log.Info("billing starting", "roles", roles, "shutdown_timeout", timeout)
 	return g.Run(ctx)
 }
-
-// relayComponent gives the relay the lifecycle hard stop.
-type relayComponent struct{ *outbox.Relay }
-
-func (r *relayComponent) HardStop(ctx context.Context) error { return r.StopAndCancel(ctx) }
 
 // ensureTopics creates the flow's topics (and the consumer's dead-letter
 // topic) when missing. Replication -1 takes the broker's default.
