@@ -18,8 +18,10 @@ import (
 // order or customer, or an amount that is not positive. Not retryable.
 var ErrInvalidCharge = errors.New("paysim: invalid charge command")
 
-// ErrBadResponse is a 2xx answer without a charge id. The charge may have
-// happened; repeating the call with the same key returns the stored answer.
+// ErrBadResponse is a 2xx answer that does not parse (a charge without a
+// charge id, a ledger that is not the contract's JSON). After Charge, the
+// charge may have happened: repeating the call with the same key returns
+// the stored answer.
 var ErrBadResponse = errors.New("paysim: malformed response")
 
 // ChargeCommand is one charge, the article's payment.ChargeCommand.

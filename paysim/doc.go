@@ -1,7 +1,47 @@
 // Package paysim is a payment-provider simulator that honours
-// Idempotency-Key, with fault injection and an auditable ledger, and the
-// typed client of it (Client.Charge, the article's payment adapter).
+// Idempotency-Key, with reproducible fault injection and an auditable
+// ledger, and the typed client of it: Client.Charge, the seed article's
+// payment adapter. `idem paysim` runs it as a process.
 //
-// The server side is being written; the client API (NewClient, Charge,
-// ChargeCommand, ChargeResult) is stable.
+// # HTTP contract (ARCHITECTURE.md)
+//
+//	POST /charges  Idempotency-Key, {"order_id","customer_id","amount_kopecks"} → 201 {"charge_id"}
+//	GET  /ledger   → {"charges":[{"charge_id","idempotency_key","order_id","amount_kopecks","created_at"}…]}
+//
+// POST /charges runs behind the idempotency package's middleware over a
+// MemoryStore, scoped by the Authorization header value: the same key and
+// body replay the first answer with Idempotent-Replayed: true; the same key
+// with another body is 409 IDEMPOTENCY_KEY_REUSED; a key whose charge is
+// still running is 409 IDEMPOTENCY_KEY_IN_PROGRESS with Retry-After; no key
+// is 400 IDEMPOTENCY_KEY_REQUIRED. Malformed JSON is 400 MALFORMED_JSON, a
+// missing field or an amount ≤ 0 is 422 INVALID_CHARGE. Every error is
+// application/problem+json with a code member, and none of them charges.
+//
+// # Guarantee
+//
+// One idempotency key has at most one ledger row, under any concurrency and
+// whatever the layer in front of the ledger does: the ledger's unique index
+// and its rows change together under one mutex, and an insert for a known
+// key returns the existing row (or ErrLedgerConflict for a different
+// order or amount, without a row). Two rows for one order with different
+// keys are possible, and are what Audit reports: the double charges of a
+// client that makes a fresh key per attempt.
+//
+// # Faults
+//
+// Config.FailRate answers 500 PROVIDER_FAULT before charging (the
+// middleware releases the key, so a retry charges afresh). Config.DropRate
+// lets the charge and the stored answer happen, then closes the connection
+// without a response (http.Hijacker); a replayed 201 can be dropped too,
+// as a network would. Config.Latency delays every charge after its key is
+// claimed. A fault is a function of Config.Seed, the key and how many times
+// the key has arrived, so a run is reproducible however requests
+// interleave.
+//
+// # What it does not guarantee
+//
+// Everything is in memory: a restart forgets the ledger and the keys.
+// Keys are remembered for the middleware's retention (24h). The ledger's
+// uniqueness is by key only, across principals; it is a simulator, not a
+// multi-tenant provider.
 package paysim

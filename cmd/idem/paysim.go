@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/idemkit/idem/internal/cli"
+	"github.com/idemkit/idem/paysim"
+)
+
+func init() {
+	register(&cli.Command{Name: "paysim", Summary: "run the payment-provider simulator (Idempotency-Key, faults, ledger)", Run: runPaysim})
+}
+
+const paysimUsage = `Usage: idem paysim [--addr ADDR] [--fail-rate P] [--drop-rate P] [--latency D] [--seed N]
+
+Runs a payment provider that honours Idempotency-Key:
+
+  POST /charges  Idempotency-Key, {"order_id","customer_id","amount_kopecks"} → 201 {"charge_id"}
+  GET  /ledger   → {"charges":[{"charge_id","idempotency_key","order_id","amount_kopecks","created_at"}…]}
+
+The same key and body replay the first answer (Idempotent-Replayed: true) and
+never charge twice; the ledger holds at most one row per key. Faults, each
+drawn reproducibly from --seed and the key: --fail-rate answers 500 before
+charging, --drop-rate charges and then closes the connection without an
+answer, --latency delays every charge. The principal scoping keys is the
+Authorization header value (or "paysim" without one).
+
+Prints "paysim listening on HOST:PORT" once it accepts connections (--addr
+127.0.0.1:0 picks a free port). SIGTERM or SIGINT stops it gracefully within
+SHUTDOWN_TIMEOUT (default 25s).
+
+Every flag defaults to its environment variable: PAYSIM_ADDR (default :8090),
+PAYSIM_FAIL_RATE, PAYSIM_DROP_RATE, PAYSIM_LATENCY, PAYSIM_SEED.`
+
+func runPaysim(ctx context.Context, args []string) error {
+	failEnv, err := floatEnv("PAYSIM_FAIL_RATE")
+	if err != nil {
+		return err
+	}
+	dropEnv, err := floatEnv("PAYSIM_DROP_RATE")
+	if err != nil {
+		return err
+	}
+	latencyEnv := time.Duration(0)
+	if os.Getenv("PAYSIM_LATENCY") != "0" {
+		if latencyEnv, err = cli.DurationEnv("PAYSIM_LATENCY", 0); err != nil {
+			return err
+		}
+	}
+	var seedEnv uint64
+	if v := os.Getenv("PAYSIM_SEED"); v != "" {
+		if seedEnv, err = strconv.ParseUint(v, 10, 64); err != nil {
+			return cli.Usagef("PAYSIM_SEED=%q is not a non-negative integer", v)
+		}
+	}
+	shutdown, err := cli.DurationEnv("SHUTDOWN_TIMEOUT", 25*time.Second)
+	if err != nil {
+		return err
+	}
+
+	fs := cli.FlagSet("paysim", paysimUsage)
+	addr := fs.String("addr", cli.Env("PAYSIM_ADDR", ":8090"), "listen address (env PAYSIM_ADDR)")
+	failRate := fs.Float64("fail-rate", failEnv, "share of charges failing with 500 before charging, 0..1 (env PAYSIM_FAIL_RATE)")
+	dropRate := fs.Float64("drop-rate", dropEnv, "share of 201s dropped after charging, 0..1 (env PAYSIM_DROP_RATE)")
+	latency := fs.Duration("latency", latencyEnv, "added to every charge (env PAYSIM_LATENCY)")
+	seed := fs.Uint64("seed", seedEnv, "seed of the fault draws (env PAYSIM_SEED)")
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return cli.Usagef("unexpected argument %q", fs.Arg(0))
+	}
+	sim, err := paysim.New(&paysim.Config{FailRate: *failRate, DropRate: *dropRate, Latency: *latency, Seed: *seed})
+	if err != nil {
+		// Only flag values can make the config invalid.
+		return cli.Usagef("%v", err)
+	}
+
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", *addr, err)
+	}
+	srv := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
+	if err := sim.Start(ctx); err != nil {
+		ln.Close()
+		return err
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	fmt.Printf("paysim listening on %s\n", ln.Addr())
+
+	select {
+	case err := <-served:
+		_ = sim.Stop(context.Background())
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	// Graceful: stop accepting, let in-flight charges finish (each one is
+	// either charged and answered, or not charged), bounded by
+	// SHUTDOWN_TIMEOUT. Dropped connections were hijacked and are already
+	// closed.
+	sctx, cancel := context.WithTimeout(context.Background(), shutdown)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	<-served
+	_ = sim.Stop(sctx)
+	st := sim.Stats()
+	fmt.Printf("paysim stopped: %d charges, %d injected failures, %d dropped responses\n", st.Charged, st.Failed, st.Dropped)
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}
+
+func floatEnv(key string) (float64, error) {
+	v := os.Getenv(key)
+	if v == "" {
+		return 0, nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return 0, cli.Usagef("%s=%q is not a number", key, v)
+	}
+	return f, nil
+}
