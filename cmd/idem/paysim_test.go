@@ -70,9 +70,9 @@ func startPaysim(t *testing.T, env []string, args ...string) *paysimProc {
 	return p
 }
 
-// stop sends SIGTERM and returns the exit error and the lines printed
-// after the listening line.
-func (p *paysimProc) stop(t *testing.T) (error, []string) {
+// stop sends SIGTERM and returns the lines printed after the listening
+// line and the exit error.
+func (p *paysimProc) stop(t *testing.T) ([]string, error) {
 	t.Helper()
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -85,7 +85,7 @@ func (p *paysimProc) stop(t *testing.T) (error, []string) {
 		for l := range p.stdout {
 			lines = append(lines, l)
 		}
-		return err, lines
+		return lines, err
 	case <-time.After(30 * time.Second):
 		t.Fatalf("paysim did not exit 30s after SIGTERM")
 		return nil, nil
@@ -124,7 +124,7 @@ func TestPaysimProcessChargesAndStopsOnSIGTERM(t *testing.T) {
 	if err != nil || len(rows) != 1 || rows[0].IdempotencyKey != cmd.IdempotencyKey {
 		t.Fatalf("ledger %+v, %v", rows, err)
 	}
-	err, lines := p.stop(t)
+	lines, err := p.stop(t)
 	if err != nil {
 		t.Fatalf("exit after SIGTERM: %v (stderr %q), want status 0", err, p.stderr.String())
 	}
@@ -143,7 +143,7 @@ func TestPaysimFaultsFromEnvAndFlags(t *testing.T) {
 	if !errors.As(err, &se) || se.StatusCode != 500 || se.Code != paysim.CodeProviderFault {
 		t.Fatalf("err = %v, want 500 %s", err, paysim.CodeProviderFault)
 	}
-	if err, _ := p.stop(t); err != nil {
+	if _, err := p.stop(t); err != nil {
 		t.Fatal(err)
 	}
 
@@ -153,7 +153,7 @@ func TestPaysimFaultsFromEnvAndFlags(t *testing.T) {
 	if _, err := c.Charge(t.Context(), paysim.ChargeCommand{IdempotencyKey: "k", OrderID: "o", CustomerID: "c", AmountKopecks: 1}); err != nil {
 		t.Fatalf("--fail-rate 0 over PAYSIM_FAIL_RATE=1: %v", err)
 	}
-	if err, _ := p.stop(t); err != nil {
+	if _, err := p.stop(t); err != nil {
 		t.Fatal(err)
 	}
 }
