@@ -21,7 +21,7 @@ func init() {
 	})
 }
 
-const serveUsage = `Usage: billing serve [--roles http,relay,consumer,charger]
+const serveUsage = `Usage: billing serve [--roles http,relay,consumer,charger] [--partitions N] [--drain-delay D]
 
 Runs the reference billing service of ARCHITECTURE.md. Migrations are applied
 and missing topics created on start. The bound HTTP address is printed as
@@ -41,6 +41,7 @@ func serve(ctx context.Context, args []string) error {
 	fs := cli.FlagSet("serve", serveUsage)
 	roles := fs.String("roles", app.AllRoles, "comma-separated roles to run: http, relay, consumer, charger")
 	partitions := fs.Int("partitions", app.PartitionsDefault, "partitions of the topics created when missing")
+	drain := fs.Duration("drain-delay", 0, "how long /readyz answers 503 before the listener closes (0: 4% of SHUTDOWN_TIMEOUT)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -57,6 +58,9 @@ func serve(ctx context.Context, args []string) error {
 	timeout, err := cli.DurationEnv("SHUTDOWN_TIMEOUT", app.ShutdownTimeoutDefault)
 	if err != nil {
 		return err
+	}
+	if *drain < 0 || *drain >= timeout/2 {
+		return cli.Usagef("--drain-delay %s must be in [0, SHUTDOWN_TIMEOUT/2)", *drain)
 	}
 	tokens, err := httpapi.ParseTokens(cli.Env("BILLING_API_TOKENS", httpapi.DefaultTokens))
 	if err != nil {
@@ -88,6 +92,7 @@ func serve(ctx context.Context, args []string) error {
 		Tokens:          tokens,
 		Roles:           &r,
 		ShutdownTimeout: timeout,
+		DrainDelay:      *drain,
 		Partitions:      int32(*partitions),
 		Logger:          log,
 		OnListening: func(a net.Addr) {

@@ -149,6 +149,8 @@ func TestServeUsage(t *testing.T) {
 		{"no payment url", []string{"KAFKA_BROKERS=127.0.0.1:1", "PAYMENT_URL="}, []string{"serve"}, "PAYMENT_URL is empty"},
 		{"bad timeout", []string{"SHUTDOWN_TIMEOUT=soon"}, []string{"serve"}, "SHUTDOWN_TIMEOUT"},
 		{"bad tokens", []string{"BILLING_API_TOKENS=nocolon"}, []string{"serve"}, "BILLING_API_TOKENS"},
+		{"drain too long", []string{"SHUTDOWN_TIMEOUT=10s"}, []string{"serve", "--drain-delay", "6s"}, "--drain-delay"},
+		{"stray argument", nil, []string{"serve", "now"}, `unexpected argument "now"`},
 	}
 	for _, tt := range testCases {
 		_, stderr, code := runBilling(t, tt.env, tt.args...)
@@ -527,7 +529,7 @@ func TestChargerCutOffIsRetriedWithSameKey(t *testing.T) {
 		createConfirm(t, c, i)
 	}
 	// Every ChargeRequested is in Kafka: the worker is calling the
-	// provider, each call held for 4 s, beyond the charger's 1.6 s budget.
+	// provider, each call held for 4 s, beyond the charger's budget (18% of 9.6 s).
 	s.waitCount(t, n, `SELECT count(*) FROM outbox_event WHERE event_type = 'ChargeRequested' AND status = 'PUBLISHED'`)
 	p.signal(syscall.SIGTERM)
 	if code := p.wait(); code != 0 {

@@ -86,7 +86,9 @@ type Config struct {
 	// ShutdownTimeoutDefault (25s).
 	ShutdownTimeout time.Duration
 	// DrainDelay is how long /readyz answers 503 before the listener
-	// closes. Defaults to 4% of ShutdownTimeout (1s of 25s).
+	// closes; the stages share the rest of ShutdownTimeout. Must be below
+	// half of ShutdownTimeout. Defaults to 4% of ShutdownTimeout (1s of
+	// 25s).
 	DrainDelay time.Duration
 	// Partitions of the topics created when missing. Defaults to
 	// PartitionsDefault (4).
@@ -115,11 +117,18 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if timeout == 0 {
 		timeout = ShutdownTimeoutDefault
 	}
-	share := func(pct int) time.Duration { return timeout * time.Duration(pct) / 100 }
 	drain := cfg.DrainDelay
 	if drain == 0 {
-		drain = share(4)
+		drain = timeout * 4 / 100
 	}
+	if drain < 0 || drain >= timeout/2 {
+		return fmt.Errorf("billing: DrainDelay %s must be in [0, ShutdownTimeout/2)", drain)
+	}
+	// The stages share what the drain leaves, in the proportions of
+	// ARCHITECTURE.md's order (HTTP gets the most: its requests are the
+	// ones a client is waiting on); 4% stays unreserved for hard stops.
+	rest := timeout - drain
+	share := func(pct int) time.Duration { return rest * time.Duration(pct) / 100 }
 	addr := cfg.HTTPAddr
 	if addr == "" {
 		addr = HTTPAddrDefault
@@ -236,10 +245,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 
 	stages := []lifecycle.Stage{
-		{Name: "http", Budget: share(32), Components: httpStage},
+		{Name: "http", Budget: share(34), Components: httpStage},
 		{Name: "consumer", Budget: share(16), Components: consumerStage},
 		{Name: "relay", Budget: share(20), Components: relayStage},
-		{Name: "charger", Budget: share(16), Components: chargerStage},
+		{Name: "charger", Budget: share(18), Components: chargerStage},
 		{Name: "kafka-clients", Budget: share(4), Components: kafkaStage},
 		{Name: "pool", Budget: share(4), Components: []lifecycle.Component{lifecycle.Closer(pool.Close)}},
 	}
