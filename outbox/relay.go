@@ -193,6 +193,7 @@ func (c *RelayConfig) validate() error {
 type DB interface {
 	DBTX
 	Begin(ctx context.Context) (pgx.Tx, error)
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
@@ -469,14 +470,13 @@ func (r *Relay) batchTwoPhase(ctx context.Context) (int, error) {
 // mark that follows commits synchronously and flushes the claim's WAL with
 // its own. It saves one WAL flush per batch.
 func (r *Relay) claimLease(ctx context.Context, token int64) ([]dbsqlc.ClaimLeaseRow, error) {
-	tx, err := r.db.Begin(ctx)
+	// One round trip for both: BeginQuery goes out as a simple-protocol
+	// query.
+	tx, err := r.db.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL synchronous_commit = off"})
 	if err != nil {
 		return nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
-		return nil, err
-	}
 	rows, err := r.q.WithTx(tx).ClaimLease(ctx, dbsqlc.ClaimLeaseParams{
 		Owner: r.cfg.Owner, Token: token, BatchSize: int32(r.cfg.BatchSize),
 	})

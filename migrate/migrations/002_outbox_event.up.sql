@@ -43,7 +43,7 @@ CREATE TABLE outbox_event (
 -- column and can be HOT updates (fillfactor leaves room on the page for the
 -- new row version). Only the final mark (published_at set) moves a row
 -- between indexes.
-ALTER TABLE outbox_event SET (fillfactor = 70);
+ALTER TABLE outbox_event SET (fillfactor = 50);
 -- The claim scans unpublished rows (PENDING, PUBLISHING, DEAD) in id
 -- order; the reaper scans them for expired leases.
 CREATE INDEX outbox_event_unpublished_idx ON outbox_event (id) WHERE published_at IS NULL;
