@@ -34,6 +34,7 @@ type consBundle struct {
 	kc    *testkafka.Cluster
 	topic string
 	group string
+	prod  *kgo.Client
 }
 
 func consSetup(t *testing.T, partitions int32) *consBundle {
@@ -41,6 +42,7 @@ func consSetup(t *testing.T, partitions int32) *consBundle {
 	b := &consBundle{db: testdb.New(t), kc: testkafka.New(t), topic: "orders", group: "billing"}
 	b.kc.CreateTopic(t, b.topic, partitions)
 	b.kc.CreateTopic(t, b.topic+kafka.DeadLetterSuffixDefault, 1)
+	b.prod = b.kc.Client(t, kgo.DefaultProduceTopic(b.topic))
 	if _, err := b.db.Pool.Exec(context.Background(), `
 		CREATE TABLE cons_effect (
 			id       bigserial PRIMARY KEY,
@@ -57,7 +59,6 @@ func consSetup(t *testing.T, partitions int32) *consBundle {
 // spread over partitions by key.
 func (b *consBundle) consProduce(t *testing.T, from, to int) {
 	t.Helper()
-	cl := b.kc.Client(t, kgo.DefaultProduceTopic(b.topic))
 	var recs []*kgo.Record
 	for i := from; i < to; i++ {
 		recs = append(recs, &kgo.Record{
@@ -66,7 +67,7 @@ func (b *consBundle) consProduce(t *testing.T, from, to int) {
 			Headers: []kgo.RecordHeader{{Key: kafka.HeaderEventID, Value: []byte("ev-" + strconv.Itoa(i))}},
 		})
 	}
-	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+	if err := b.prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -308,16 +309,18 @@ func TestConsumerRebalanceExactlyOnce(t *testing.T) {
 			b.consProduce(t, 0, 100)
 			b.consWaitEffects(t, 50, 30*time.Second)
 			b.consStart(t, consEffectHandler("B"), count(&handledB))
-			// Keep producing while the group rebalances, until B has taken
-			// over some work and at least 600 records went out.
+			// Keep producing, a chunk at a time (so the backlog stays small
+			// and the join lands mid-stream), until B has taken over some
+			// work and at least 600 records went out.
 			total := 100
 			deadline := time.Now().Add(60 * time.Second)
-			for total < 600 || handledB.Load() < 50 {
+			for total < 600 || handledB.Load() < 20 {
 				if time.Now().After(deadline) {
 					t.Fatalf("B handled %d records in 60s", handledB.Load())
 				}
 				b.consProduce(t, total, total+20)
 				total += 20
+				b.consWaitEffects(t, total-40, 60*time.Second)
 			}
 			b.consWaitEffects(t, total, 60*time.Second)
 			b.consAssertExactlyOnce(t, total)
@@ -421,8 +424,7 @@ func TestConsumerDuplicatesSkipped(t *testing.T) {
 			b.consProduce(t, 0, 1)
 			b.consProduce(t, 0, 1)
 			b.consProduce(t, 0, 1)
-			cl := b.kc.Client(t, kgo.DefaultProduceTopic(b.topic))
-			if err := cl.ProduceSync(context.Background(), &kgo.Record{Value: []byte("no header")}).FirstErr(); err != nil {
+			if err := b.prod.ProduceSync(context.Background(), &kgo.Record{Value: []byte("no header")}).FirstErr(); err != nil {
 				t.Fatal(err)
 			}
 			b.consWaitEffects(t, 2, 30*time.Second)

@@ -30,7 +30,9 @@ func init() {
 		Summary: "Kafka consumer runner: one transaction per record (per-record) against one\n" +
 			"transaction per fetched partition batch (batch). Every record is deduplicated\n" +
 			"through processed_event and its handler writes one row; offsets are committed\n" +
-			"after the database. In-process kfake broker, scratch schema (dropped after).",
+			"after the database. In-process kfake broker, scratch schema (dropped after).\n" +
+			"ops_per_sec: records from the first transaction to the last commit;\n" +
+			"p50/p99: a record's time from the start of its transaction to its commit.",
 		Flags: func(fs *benchFlags) {
 			fs.Int("records", 50000, "records consumed by each variant")
 			fs.Int("partitions", 4, "partitions of the topic")
