@@ -551,3 +551,41 @@ func TestChargerCutOffIsRetriedWithSameKey(t *testing.T) {
 		t.Fatalf("restarted exit %d; stderr:\n%s", code, p2.stderr.String())
 	}
 }
+
+// TestSecondSIGTERMStopsNow proves the "stop now" contract on the real
+// service: with a five-minute shutdown budget and the charge worker holding
+// a provider call, a second SIGTERM hard-stops the rest at once instead of
+// waiting out the charger's budget; the exit status is 1 (not a clean
+// stop) and nothing was charged or recorded. (Redelivery after such a stop
+// is TestChargerCutOffIsRetriedWithSameKey's subject.)
+func TestSecondSIGTERMStopsNow(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, &paysim.Config{Latency: time.Hour})
+	env := append(append([]string(nil), s.env...), "SHUTDOWN_TIMEOUT=5m")
+	p := startServe(t, env, "--drain-delay", "100ms")
+	c := newClient(p.Addr, aliceToken)
+	createConfirm(t, c, 1)
+	s.waitCount(t, 1, `SELECT count(*) FROM outbox_event WHERE event_type = 'ChargeRequested' AND status = 'PUBLISHED'`)
+	p.signal(syscall.SIGTERM)
+	// Wait until the charger's stage is the one in hand (its budget is
+	// about 52 s), then signal again.
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(p.stderr.String(), `msg="stage stopped" stage=relay`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("relay stage never stopped; stderr:\n%s", p.stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval
+	}
+	p.signal(syscall.SIGTERM)
+	code := p.wait()
+	stderr := p.stderr.String()
+	if code != 1 || !strings.Contains(stderr, "second signal: hard stop") || !strings.Contains(stderr, "hard stop on second signal") {
+		t.Fatalf("exit %d; want 1 after a hard stop; stderr:\n%s", code, stderr)
+	}
+	if strings.Contains(stderr, `msg="stage stopped" stage=charger`) {
+		t.Fatalf("the charger stopped softly: the second signal was not needed; stderr:\n%s", stderr)
+	}
+	if n := s.count(t, `SELECT count(*) FROM orders WHERE status = 'CHARGED'`); n != 0 || s.sim.Ledger().Len() != 0 {
+		t.Fatalf("charged before the provider answered: %d orders, %d ledger rows", n, s.sim.Ledger().Len())
+	}
+}
