@@ -20,17 +20,24 @@ import (
 )
 
 // Metric names read from billing's /metrics (examples/billing) and
-// paysim's. A missing metric is reported as n/a, not as zero.
+// paysim's. A metric no process exports is reported as n/a, not as zero.
 const (
-	// MetricInboxDuplicates counts events billing's inbox skipped as
-	// already processed.
+	// MetricIdempotencyEvents is billing's idempotency middleware events by
+	// kind; kind="replay" is a stored answer replayed (the HTTP key layer,
+	// as the server saw it).
+	MetricIdempotencyEvents = "billing_idempotency_events_total"
+	// MetricInboxDuplicates counts redelivered events billing's inbox
+	// skipped as already processed.
 	MetricInboxDuplicates = "billing_inbox_duplicates_total"
-	// MetricCharges counts billing's charge attempts by outcome; the
-	// outcome="replayed" series are charges paysim answered from its
-	// idempotency store (billing's view of the provider key layer).
+	// MetricProviderReplays counts charges the provider answered from its
+	// idempotency store (Idempotent-Replayed: true), as billing saw them.
+	MetricProviderReplays = "billing_provider_replays_total"
+	// MetricCharges is billing's settled charges by target and outcome; an
+	// outcome="replayed" series, if billing has one, is the provider key
+	// layer too.
 	MetricCharges = "billing_charges_total"
 	// MetricPaysimReplays is paysim's own count of replayed charges, read
-	// from paysim's /metrics when it has one (preferred over billing's).
+	// from paysim's /metrics when it has one (preferred).
 	MetricPaysimReplays = "paysim_replays_total"
 )
 
@@ -94,9 +101,11 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 		r.rep.Violations = []Violation{}
 	}
 	r.rep.Pass = err == nil && len(r.violations) == 0
-	if tempWork && r.rep.Pass {
+	switch {
+	case tempWork && r.rep.Pass:
 		_ = os.RemoveAll(r.cfg.WorkDir)
-	} else {
+	case !r.rep.Pass:
+		// Kept for the post-mortem: the children's logs, the broker's data.
 		r.rep.WorkDir = r.cfg.WorkDir
 	}
 	return r.rep, err
@@ -458,13 +467,21 @@ func (r *run) fillReport() {
 	rep.BrokerRestarts = int(r.brokerRestarts.Load())
 	rep.Stopped.HTTPReplays = d.replays.Load()
 	rep.Stopped.HTTPInProgress = d.inProgress.Load()
-	rep.Stopped.Inbox, rep.Stopped.Provider = -1, -1
+	rep.Stopped.HTTPServerReplays, rep.Stopped.Inbox, rep.Stopped.Provider = -1, -1, -1
+	if r.scr.has(MetricIdempotencyEvents, `kind="replay"`) {
+		rep.Stopped.HTTPServerReplays = int64(r.scr.total(MetricIdempotencyEvents, `kind="replay"`))
+	} else if r.scr.has(MetricIdempotencyEvents) {
+		rep.Stopped.HTTPServerReplays = 0
+	}
 	if r.scr.has(MetricInboxDuplicates) {
 		rep.Stopped.Inbox = int64(r.scr.total(MetricInboxDuplicates))
 	}
-	if r.scr.has(MetricPaysimReplays) {
+	switch {
+	case r.scr.has(MetricPaysimReplays):
 		rep.Stopped.Provider = int64(r.scr.total(MetricPaysimReplays))
-	} else if r.scr.has(MetricCharges) {
+	case r.scr.has(MetricProviderReplays):
+		rep.Stopped.Provider = int64(r.scr.total(MetricProviderReplays))
+	case r.scr.has(MetricCharges, `outcome="replayed"`):
 		rep.Stopped.Provider = int64(r.scr.total(MetricCharges, `outcome="replayed"`))
 	}
 	d.mu.Lock()

@@ -142,13 +142,24 @@ func (s *scraper) total(name string, labels ...string) float64 {
 	return t
 }
 
-// has reports whether any scrape carried metric name.
-func (s *scraper) has(name string) bool {
+// has reports whether any scrape carried a series of metric name with all
+// of labels.
+func (s *scraper) has(name string, labels ...string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	check := func(se series) bool {
 		for k := range se {
-			if b, _, _ := strings.Cut(k, "{"); b == name {
+			b, lbl, _ := strings.Cut(k, "{")
+			if b != name {
+				continue
+			}
+			ok := true
+			for _, l := range labels {
+				if !strings.Contains(lbl, l) {
+					ok = false
+				}
+			}
+			if ok {
 				return true
 			}
 		}

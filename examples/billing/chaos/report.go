@@ -25,6 +25,10 @@ type Layers struct {
 	// HTTPInProgress: 409 IDEMPOTENCY_KEY_IN_PROGRESS the driver got
 	// (a concurrent duplicate held off while the first attempt ran).
 	HTTPInProgress int64 `json:"http_in_progress"`
+	// HTTPServerReplays: replays billing's idempotency middleware counted
+	// (more than the driver saw: answers lost to kills were replayed too);
+	// -1 when billing does not export it.
+	HTTPServerReplays int64 `json:"http_server_replays"`
 	// Inbox: redelivered Kafka events billing's inbox skipped (from
 	// billing's /metrics; -1 when billing does not export it).
 	Inbox int64 `json:"inbox"`
@@ -115,8 +119,8 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  failures    %d transport errors, %d 5xx seen by the client\n", r.TransportErrors, r.Status5xx)
 	fmt.Fprintf(w, "  chaos       %d SIGKILL, %d SIGTERM (%d unclean), %d restarts, %d broker restarts\n",
 		r.Kills, r.Terms, r.UncleanTerms, r.Restarts, r.BrokerRestarts)
-	fmt.Fprintf(w, "  stopped     HTTP key: %d replays + %d in-progress 409s; inbox: %s; provider key: %s\n",
-		r.Stopped.HTTPReplays, r.Stopped.HTTPInProgress, unk(r.Stopped.Inbox), unk(r.Stopped.Provider))
+	fmt.Fprintf(w, "  stopped     HTTP key: %d replays + %d in-progress 409s seen by the client (%s replays counted by billing); inbox: %s; provider key: %s\n",
+		r.Stopped.HTTPReplays, r.Stopped.HTTPInProgress, unk(r.Stopped.HTTPServerReplays), unk(r.Stopped.Inbox), unk(r.Stopped.Provider))
 	fmt.Fprintf(w, "  latency     p50 %.1f ms, p99 %.1f ms per POST (retries included)\n", r.LatencyP50Ms, r.LatencyP99Ms)
 	fmt.Fprintf(w, "  time        load %.1fs, quiescence %.1fs\n", r.LoadSeconds, r.QuiescenceSeconds)
 	fmt.Fprintf(w, "  audit       %d confirmed orders + %d payments: %d CHARGED, %d FAILED; %d ledger charges\n",
