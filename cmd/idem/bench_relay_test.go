@@ -1,0 +1,59 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/idemkit/idem/internal/testdb"
+)
+
+// TestBenchRelayJSON runs the scenario small and checks the contract: one
+// JSON object, the five result names in order, every event counted, and
+// the scratch schemas gone afterwards.
+func TestBenchRelayJSON(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, testdb.Empty())
+	stdout, stderr, code := runIdem(t, []string{"DATABASE_URL=" + db.URL}, "bench", "relay", "--json",
+		"--events", "1200", "--aggregates", "40", "--batch-size", "200", "--latency-events", "100", "--rate", "200")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var out struct {
+		Scenario string `json:"scenario"`
+		Results  []struct {
+			Name      string  `json:"name"`
+			OpsPerSec float64 `json:"ops_per_sec"`
+			P50Ms     float64 `json:"p50_ms"`
+			P99Ms     float64 `json:"p99_ms"`
+			Ops       int     `json:"ops"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &out); err != nil {
+		t.Fatalf("stdout is not one JSON object: %v\n%s", err, stdout)
+	}
+	want := []string{"sql-ceiling", "per-row", "at-least-once", "two-phase", "notify-latency"}
+	if out.Scenario != "relay" || len(out.Results) != len(want) {
+		t.Fatalf("unexpected results: %+v", out)
+	}
+	for i, r := range out.Results {
+		wantOps := 1200
+		if i == 4 {
+			wantOps = 100
+		}
+		if r.Name != want[i] || r.Ops != wantOps || r.OpsPerSec <= 0 || r.P99Ms < r.P50Ms {
+			t.Errorf("result %d: %+v, want name %s and %d ops", i, r, want[i], wantOps)
+		}
+	}
+	var left int
+	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'bench_relay_%'`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d scratch schemas left behind", left)
+	}
+	for _, args := range [][]string{{"--events", "0"}, {"--batch-size", "200000"}} {
+		if _, stderr, code := runIdem(t, nil, append([]string{"bench", "relay"}, args...)...); code != 2 {
+			t.Errorf("%v: exit %d (%s), want 2", args, code, stderr)
+		}
+	}
+}
