@@ -29,7 +29,11 @@
 // TwoPhase moves the batch PENDING → PUBLISHING under a lease (owner,
 // random token, locked_at), publishes with no transaction open and marks
 // PUBLISHED with a token-guarded update; a reaper returns leases older than
-// LeaseTTL to PENDING, attempts preserved.
+// LeaseTTL to PENDING, attempts preserved. The claim commits with
+// synchronous_commit off (losing it in a database crash equals a reaped
+// lease); the mark commits synchronously. No index covers the status or
+// lease columns, so the claim is a HOT update where the page has room
+// (the table's fillfactor is 50).
 //
 // Failures: a failed event is retried after an exponential backoff
 // (available_at), attempts counted, and becomes DEAD with its last error
