@@ -144,21 +144,12 @@ type Response struct {
 // an *Error whose Err is a *StatusError or a transport error.
 func (c *Client) Do(req *http.Request, key string) (*Response, error) {
 	ctx := req.Context()
-	if hk := req.Header.Get(HeaderKey); key == "" {
-		key = hk
-	} else if hk != "" && hk != key {
-		return nil, fmt.Errorf("%w: argument %q differs from the request header %q", ErrKeyInvalid, key, hk)
-	}
-	if key == "" {
-		if !safeMethod(req.Method) {
-			return nil, fmt.Errorf("%w: %s %s", ErrKeyRequired, methodOrGet(req.Method), req.URL.Redacted())
+	if err := checkRequest(req, &key); err != nil {
+		// Like http.Client.Do, the body is closed even on errors.
+		if req.Body != nil {
+			req.Body.Close()
 		}
-	} else if err := ValidateKey(key); err != nil {
 		return nil, err
-	}
-	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
-		req.Body.Close()
-		return nil, fmt.Errorf("%w: %s %s", ErrBodyNotReplayable, methodOrGet(req.Method), req.URL.Redacted())
 	}
 
 	fail := func(attempts int, last, cause error) error {
@@ -211,6 +202,28 @@ func (c *Client) Do(req *http.Request, key string) (*Response, error) {
 		case <-t.C:
 		}
 	}
+}
+
+// checkRequest settles the key (the argument, else the request's header)
+// and refuses what must not be sent: an unsafe method without a key, an
+// invalid key, a body that a retry could not replay.
+func checkRequest(req *http.Request, key *string) error {
+	if hk := req.Header.Get(HeaderKey); *key == "" {
+		*key = hk
+	} else if hk != "" && hk != *key {
+		return fmt.Errorf("%w: argument %q differs from the request header %q", ErrKeyInvalid, *key, hk)
+	}
+	if *key == "" {
+		if !safeMethod(req.Method) {
+			return fmt.Errorf("%w: %s %s", ErrKeyRequired, methodOrGet(req.Method), req.URL.Redacted())
+		}
+	} else if err := ValidateKey(*key); err != nil {
+		return err
+	}
+	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
+		return fmt.Errorf("%w: %s %s", ErrBodyNotReplayable, methodOrGet(req.Method), req.URL.Redacted())
+	}
+	return nil
 }
 
 // attemptRequest returns the request for one attempt: the caller's for the

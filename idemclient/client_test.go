@@ -361,11 +361,15 @@ func TestBodyWithoutGetBodyIsRefused(t *testing.T) {
 	s := newScript(t, created)
 	c := newClient(t, fastConfig())
 	req := post(t, t.Context(), s.srv.URL, "")
-	req.Body = io.NopCloser(bytes.NewReader([]byte("{}"))) // hides the type from NewRequest
+	body := &closeTracker{Reader: bytes.NewReader([]byte("{}"))} // hides the type from NewRequest
+	req.Body = body
 	req.GetBody = nil
 	_, err := c.Do(req, "k")
 	if !errors.Is(err, idemclient.ErrBodyNotReplayable) || idemclient.IsRetryable(err) {
 		t.Fatalf("err = %v, want non-retryable ErrBodyNotReplayable", err)
+	}
+	if !body.closed {
+		t.Error("the refused request's body was not closed (http.Client.Do closes it even on errors)")
 	}
 	if n := len(s.attempts()); n != 0 {
 		t.Fatalf("server saw %d requests, want none", n)
@@ -380,6 +384,13 @@ func TestBodyWithoutGetBodyIsRefused(t *testing.T) {
 		t.Fatalf("err = %v after %d attempts, want ErrBodyNotReplayable after 1", err, len(s.attempts()))
 	}
 }
+
+type closeTracker struct {
+	io.Reader
+	closed bool
+}
+
+func (c *closeTracker) Close() error { c.closed = true; return nil }
 
 func TestReplayedIsReported(t *testing.T) {
 	t.Parallel()

@@ -31,6 +31,12 @@ func setup(t *testing.T, cfg *paysim.Config) *bundle {
 	return &bundle{sim: sim, srv: srv, url: srv.URL}
 }
 
+func newBenchServer(b *testing.B, h http.Handler) string {
+	srv := httptest.NewServer(h)
+	b.Cleanup(srv.Close)
+	return srv.URL
+}
+
 // httpClient is a client with its own transport, closed at test end.
 func httpClient(t *testing.T, tr *http.Transport) *http.Client {
 	t.Helper()
