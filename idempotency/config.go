@@ -199,8 +199,9 @@ type Event struct {
 
 type config struct {
 	Config
-	methods       map[string]bool
-	replayHeaders map[string]bool
+	methods           map[string]bool
+	replayHeaders     map[string]bool
+	fingerprintFields map[string]bool // nil: the whole body
 }
 
 func (c *Config) withDefaults() (*config, error) {
@@ -251,6 +252,12 @@ func (c *Config) withDefaults() (*config, error) {
 	out.methods = map[string]bool{}
 	for _, m := range cc.Methods {
 		out.methods[strings.ToUpper(m)] = true
+	}
+	if len(cc.FingerprintFields) > 0 {
+		out.fingerprintFields = map[string]bool{}
+		for _, f := range cc.FingerprintFields {
+			out.fingerprintFields[f] = true
+		}
 	}
 	out.replayHeaders = map[string]bool{}
 	for _, h := range cc.ReplayHeaders {

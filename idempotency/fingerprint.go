@@ -1,12 +1,9 @@
 package idempotency
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
-	"io"
 	"mime"
 	"net/http"
 	"strings"
@@ -16,41 +13,14 @@ import (
 // JSON value.
 var ErrNotJSON = errors.New("idempotency: body is not one JSON value")
 
-// CanonicalJSON re-encodes one JSON value with object members sorted by key,
-// no insignificant whitespace and no HTML escaping, so that two bodies that
-// differ only in member order or spacing canonicalise to the same bytes.
-// Numbers keep their literal text (1.0 and 1 differ). Invalid JSON or
-// trailing data is ErrNotJSON; it never panics.
+// CanonicalJSON re-encodes one JSON value with object members sorted by
+// name (for a repeated name the last wins, as in encoding/json), no
+// insignificant whitespace and no HTML escaping, so that two bodies that
+// differ only in member order, spacing or string escapes canonicalise to the
+// same bytes. Numbers keep their literal text (1.0 and 1 differ). Invalid
+// JSON or trailing data is ErrNotJSON; it never panics.
 func CanonicalJSON(b []byte) ([]byte, error) {
-	v, err := decodeJSON(b)
-	if err != nil {
-		return nil, err
-	}
-	return encodeJSON(v)
-}
-
-func decodeJSON(b []byte) (any, error) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, ErrNotJSON
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, ErrNotJSON
-	}
-	return v, nil
-}
-
-func encodeJSON(v any) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	// encoding/json sorts map keys; json.Number keeps the literal.
-	if err := enc.Encode(v); err != nil {
-		return nil, ErrNotJSON
-	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+	return canonicalize(nil, b, nil)
 }
 
 func isJSON(contentType string) bool {
@@ -79,23 +49,12 @@ func (c *config) fingerprint(r *http.Request, body []byte) Fingerprint {
 		part([]byte(strings.Join(r.Header.Values(name), "\x00")))
 	}
 	if isJSON(r.Header.Get("Content-Type")) {
-		if v, err := decodeJSON(body); err == nil {
-			if obj, ok := v.(map[string]any); ok && len(c.FingerprintFields) > 0 {
-				sel := make(map[string]any, len(c.FingerprintFields))
-				for _, f := range c.FingerprintFields {
-					if fv, ok := obj[f]; ok {
-						sel[f] = fv
-					}
-				}
-				v = sel
-			}
-			if canon, err := encodeJSON(v); err == nil {
-				part([]byte("json"))
-				part(canon)
-				var fp Fingerprint
-				h.Sum(fp[:0])
-				return fp
-			}
+		if canon, err := canonicalize(make([]byte, 0, len(body)), body, c.fingerprintFields); err == nil {
+			part([]byte("json"))
+			part(canon)
+			var fp Fingerprint
+			h.Sum(fp[:0])
+			return fp
 		}
 	}
 	part([]byte("raw"))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"reflect"
 	"testing"
 
@@ -33,14 +34,40 @@ func TestCanonicalJSON(t *testing.T) {
 	}
 }
 
+// referenceCanonical is the obvious (slow) canonicaliser: encoding/json
+// into maps and back, which sorts keys.
+func referenceCanonical(in []byte) ([]byte, bool) {
+	dec := json.NewDecoder(bytes.NewReader(in))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return nil, false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, false
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if enc.Encode(v) != nil {
+		return nil, false
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), true
+}
+
 // FuzzCanonicalJSON checks that canonicalisation never panics, is
-// idempotent, and keeps the value (same decoded data as the input).
+// idempotent, keeps the value (same decoded data as the input) and agrees
+// byte for byte with the encoding/json reference, valid or not.
 func FuzzCanonicalJSON(f *testing.F) {
-	for _, s := range []string{`{"b":1,"a":2}`, `[1,2,{"z":[],"y":{}}]`, `"\u00e9\n"`, `{"a":1.0e10}`, `{`, `{"a":1,"a":2}`, `null`, ` 7 `} {
+	for _, s := range []string{"{\"a\":\"\u2028\\u0041\xff\"}", `{"a":1,"a":{"c":[],"b":-0.5e+3}}`, `[1,]`, `01`, `-`, `1.`, `{"a" 1}`, `{"b":1,"a":2}`, `[1,2,{"z":[],"y":{}}]`, `"\u00e9\n"`, `{"a":1.0e10}`, `{`, `{"a":1,"a":2}`, `null`, ` 7 `} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		c1, err := idempotency.CanonicalJSON(in)
+		ref, ok := referenceCanonical(in)
+		if ok != (err == nil) || (ok && !bytes.Equal(ref, c1)) {
+			t.Fatalf("CanonicalJSON(%q) = %q, %v; reference %q, valid %v", in, c1, err, ref, ok)
+		}
 		if err != nil {
 			if !errors.Is(err, idempotency.ErrNotJSON) {
 				t.Fatalf("unnamed error %v", err)
