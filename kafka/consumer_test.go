@@ -361,8 +361,8 @@ func TestConsumerPoisonGoesToDeadLetter(t *testing.T) {
 				cfg.MaxAttempts = 3
 			})
 			b.consProduce(t, 0, 10)
-			dl := b.kc.ReadAll(t, b.topic+kafka.DeadLetterSuffixDefault, 2, 30*time.Second)
-			b.consWaitEffects(t, 8, 30*time.Second)
+			dl := b.kc.ReadAll(t, b.topic+kafka.DeadLetterSuffixDefault, 2, 60*time.Second)
+			b.consWaitEffects(t, 8, 60*time.Second)
 
 			wantDL := []struct{ value, err, attempts string }{
 				{"3", "poison: amount is negative", "3"},
