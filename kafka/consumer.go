@@ -400,6 +400,7 @@ func (c *Consumer) stopping() bool { return c.softCtx.Err() != nil }
 
 func (c *Consumer) run() {
 	defer close(c.done)
+	defer c.hard() // release the contexts
 	for !c.stopping() {
 		fs := c.cl.PollRecords(c.softCtx, c.cfg.MaxPollRecords)
 		if fs.IsClientClosed() {
