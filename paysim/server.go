@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -61,6 +62,9 @@ type Config struct {
 	// Lease is the idempotency lease of a charge in progress. Defaults to
 	// LeaseDefault (30s).
 	Lease time.Duration
+	// Logger, when set, gets one line per charge step (started, charged,
+	// fault) with the key and order. Defaults to nil (no logs).
+	Logger *slog.Logger
 }
 
 func (c *Config) validate() error {
@@ -192,6 +196,7 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusUnprocessableEntity, CodeInvalidCharge, msg)
 		return
 	}
+	s.log(r.Context(), "charge started", key, req.OrderID)
 	if s.cfg.Latency > 0 {
 		t := time.NewTimer(s.cfg.Latency)
 		select {
@@ -201,6 +206,7 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 			// charge nothing and answer 5xx, so that the middleware
 			// releases the key and a retry charges afresh.
 			t.Stop()
+			s.log(r.Context(), "charge abandoned", key, req.OrderID)
 			w.Header().Set("Retry-After", "1")
 			writeProblem(w, http.StatusServiceUnavailable, CodeProviderFault, "the charge was abandoned before charging; retry with the same key")
 			return
@@ -208,6 +214,7 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.faults.hit(faultFail, key) {
 		s.failed.Add(1)
+		s.log(r.Context(), "charge failed (injected)", key, req.OrderID)
 		writeProblem(w, http.StatusInternalServerError, CodeProviderFault, "injected failure before charging; nothing was charged")
 		return
 	}
@@ -220,10 +227,17 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 	}
 	if inserted {
 		s.charged.Add(1)
+		s.log(r.Context(), "charged", key, req.OrderID, "charge_id", row.ChargeID)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	json.NewEncoder(w).Encode(chargeResponse{ChargeID: row.ChargeID})
+}
+
+func (s *Server) log(ctx context.Context, msg, key, order string, attrs ...any) {
+	if s.cfg.Logger != nil {
+		s.cfg.Logger.InfoContext(ctx, msg, append([]any{"idempotency_key", key, "order_id", order}, attrs...)...)
+	}
 }
 
 func (req *chargeRequest) invalid() string {
@@ -285,6 +299,9 @@ func (s *Server) dropping(next http.Handler) http.Handler {
 			// tell this from a request that never arrived, which is the
 			// whole reason the retry must carry the same key.
 			s.dropped.Add(1)
+			if s.cfg.Logger != nil {
+				s.cfg.Logger.InfoContext(r.Context(), "response dropped (injected)", "idempotency_key", key)
+			}
 			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
 				conn.Close()
 				return

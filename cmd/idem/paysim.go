@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -18,7 +19,7 @@ func init() {
 	register(&cli.Command{Name: "paysim", Summary: "run the payment-provider simulator (Idempotency-Key, faults, ledger)", Run: runPaysim})
 }
 
-const paysimUsage = `Usage: idem paysim [--addr ADDR] [--fail-rate P] [--drop-rate P] [--latency D] [--seed N]
+const paysimUsage = `Usage: idem paysim [--addr ADDR] [--fail-rate P] [--drop-rate P] [--latency D] [--seed N] [-v]
 
 Runs a payment provider that honours Idempotency-Key:
 
@@ -29,7 +30,8 @@ The same key and body replay the first answer (Idempotent-Replayed: true) and
 never charge twice; the ledger holds at most one row per key. Faults, each
 drawn reproducibly from --seed and the key: --fail-rate answers 500 before
 charging, --drop-rate charges and then closes the connection without an
-answer, --latency delays every charge. The principal scoping keys is the
+answer, --latency delays every charge. -v logs every charge step to
+stderr. The principal scoping keys is the
 Authorization header value (or "paysim" without one).
 
 Prints "paysim listening on HOST:PORT" once it accepts connections (--addr
@@ -71,13 +73,18 @@ func runPaysim(ctx context.Context, args []string) error {
 	dropRate := fs.Float64("drop-rate", dropEnv, "share of 201s dropped after charging, 0..1 (env PAYSIM_DROP_RATE)")
 	latency := fs.Duration("latency", latencyEnv, "added to every charge (env PAYSIM_LATENCY)")
 	seed := fs.Uint64("seed", seedEnv, "seed of the fault draws (env PAYSIM_SEED)")
+	verbose := fs.Bool("v", false, "log every charge step to stderr")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return cli.Usagef("unexpected argument %q", fs.Arg(0))
 	}
-	sim, err := paysim.New(&paysim.Config{FailRate: *failRate, DropRate: *dropRate, Latency: *latency, Seed: *seed})
+	cfg := &paysim.Config{FailRate: *failRate, DropRate: *dropRate, Latency: *latency, Seed: *seed}
+	if *verbose {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	sim, err := paysim.New(cfg)
 	if err != nil {
 		// Only flag values can make the config invalid.
 		return cli.Usagef("%v", err)

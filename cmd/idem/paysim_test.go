@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,8 +21,17 @@ type paysimProc struct {
 	cmd    *exec.Cmd
 	url    string
 	stdout chan string // lines after the listening line; buffered, closed before exited
+	logs   chan string // stderr lines; buffered, extra lines dropped
 	exited chan error
-	stderr *strings.Builder
+
+	mu     sync.Mutex
+	stderr strings.Builder
+}
+
+func (p *paysimProc) stderrText() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderrText()
 }
 
 // startPaysim starts the simulator on a free loopback port and waits for
@@ -34,11 +44,28 @@ func startPaysim(t *testing.T, env []string, args ...string) *paysimProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &paysimProc{cmd: cmd, stdout: make(chan string, 64), exited: make(chan error, 1), stderr: &strings.Builder{}}
-	cmd.Stderr = p.stderr
+	errOut, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &paysimProc{cmd: cmd, stdout: make(chan string, 64), logs: make(chan string, 256), exited: make(chan error, 1)}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	stderrDone := make(chan struct{})
+	go func() {
+		defer close(stderrDone)
+		sc := bufio.NewScanner(errOut)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.stderr.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+			select {
+			case p.logs <- sc.Text():
+			default:
+			}
+		}
+	}()
 	listening := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -50,6 +77,7 @@ func startPaysim(t *testing.T, env []string, args ...string) *paysimProc {
 			p.stdout <- sc.Text()
 		}
 		close(p.stdout)
+		<-stderrDone // Wait only after every read from the pipes
 		p.exited <- cmd.Wait()
 	}()
 	t.Cleanup(func() {
@@ -63,11 +91,27 @@ func startPaysim(t *testing.T, env []string, args ...string) *paysimProc {
 		p.url = "http://" + a
 	case err := <-p.exited:
 		p.exited = nil
-		t.Fatalf("paysim exited before listening: %v: %s", err, p.stderr.String())
+		t.Fatalf("paysim exited before listening: %v: %s", err, p.stderrText())
 	case <-time.After(30 * time.Second):
-		t.Fatalf("paysim did not print its address: %s", p.stderr.String())
+		t.Fatalf("paysim did not print its address: %s", p.stderrText())
 	}
 	return p
+}
+
+// waitLog waits for a stderr line containing s.
+func (p *paysimProc) waitLog(t *testing.T, s string) {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case l := <-p.logs:
+			if strings.Contains(l, s) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no stderr line with %q: %s", s, p.stderrText())
+		}
+	}
 }
 
 // stop sends SIGTERM and returns the lines printed after the listening
@@ -126,7 +170,7 @@ func TestPaysimProcessChargesAndStopsOnSIGTERM(t *testing.T) {
 	}
 	lines, err := p.stop(t)
 	if err != nil {
-		t.Fatalf("exit after SIGTERM: %v (stderr %q), want status 0", err, p.stderr.String())
+		t.Fatalf("exit after SIGTERM: %v (stderr %q), want status 0", err, p.stderrText())
 	}
 	if len(lines) != 1 || !strings.Contains(lines[0], "1 charges") {
 		t.Errorf("final output %q, want one summary line with 1 charges", lines)
@@ -186,5 +230,36 @@ func TestPaysimBadInput(t *testing.T) {
 	stdout, stderr, code := runIdem(t, nil, "paysim", "--help")
 	if code != 0 || stderr != "" || !strings.Contains(stdout, "POST /charges") || !strings.Contains(stdout, "drop-rate") {
 		t.Errorf("--help: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
+// TestPaysimInFlightChargeFinishesOnSIGTERM: a charge in flight when
+// SIGTERM arrives is finished and answered before the process exits 0.
+func TestPaysimInFlightChargeFinishesOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	p := startPaysim(t, nil, "--latency", "1s", "-v")
+	c := paysimClient(t, p.url)
+	type result struct {
+		res paysim.ChargeResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := c.Charge(t.Context(), paysim.ChargeCommand{IdempotencyKey: "in-flight", OrderID: "o-1", CustomerID: "c-1", AmountKopecks: 10})
+		done <- result{res, err}
+	}()
+	// The handler logs "charge started" after claiming the key and before
+	// the latency: from here on the charge is in flight.
+	p.waitLog(t, `msg="charge started"`)
+	lines, err := p.stop(t)
+	if err != nil {
+		t.Fatalf("exit after SIGTERM: %v (stderr %q), want status 0", err, p.stderrText())
+	}
+	r := <-done
+	if r.err != nil || r.res.ChargeID == "" || r.res.Attempts != 1 {
+		t.Fatalf("in-flight charge: %+v, %v; want it answered on its first attempt", r.res, r.err)
+	}
+	if len(lines) != 1 || !strings.Contains(lines[0], "1 charges") {
+		t.Errorf("final output %q, want one summary line with 1 charges", lines)
 	}
 }
