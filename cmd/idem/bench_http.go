@@ -1,0 +1,366 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/cli"
+	"github.com/idemkit/idem/migrate"
+)
+
+func init() {
+	registerBench(&benchScenario{
+		Name: "http",
+		Summary: "Idempotency-Key middleware over PostgreSQL, 32 concurrent clients over loopback.\n" +
+			"sql-two-step: exactly the statements and commits two-step issues per request\n" +
+			"  (claim, the handler's one-row INSERT, completion), through pgx, no HTTP;\n" +
+			"two-step: the middleware in ModeTwoStep; transactional: ModeTransactional\n" +
+			"  (claim, handler row and response in one commit); replay: repeats of\n" +
+			"  completed keys. Every handler run writes one row. Scratch schema (dropped after).",
+		Flags: func(fs *benchFlags) {
+			fs.Int("seconds", 10, "measured seconds per variant, split over the rounds")
+			fs.Int("rounds", 5, "interleaved rounds: every round runs every variant once")
+			fs.Int("clients", 32, "concurrent clients")
+		},
+		Run: runBenchHTTP,
+	})
+}
+
+const benchHTTPBody = `{"amount_kopecks":1000,"customer_id":"c1","note":"bench"}`
+
+func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
+	seconds, clients, rounds := *env.Ints["seconds"], *env.Ints["clients"], *env.Ints["rounds"]
+	if rounds < 1 {
+		return nil, cli.Usagef("--rounds must be at least 1")
+	}
+	if seconds < 1 {
+		return nil, cli.Usagef("--seconds must be at least 1")
+	}
+	if clients < 1 {
+		return nil, cli.Usagef("--clients must be at least 1")
+	}
+	dur := time.Duration(seconds) * time.Second
+
+	// Scratch schema: the benchmark never touches the tables of the
+	// database it is pointed at.
+	admin, err := cli.Connect(ctx, env.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := "bench_http_" + hex.EncodeToString(b[:])
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		return nil, fmt.Errorf("create scratch schema: %w", err)
+	}
+	defer func() { _, _ = admin.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") }()
+	u, err := url.Parse(env.DatabaseURL)
+	if err != nil {
+		return nil, cli.Usagef("database URL is malformed")
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	pcfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		return nil, cli.Usagef("database URL is malformed")
+	}
+	// One connection per client: in transactional mode a request holds its
+	// connection for the whole handler, and no variant should queue on the
+	// pool instead of the database.
+	pcfg.MaxConns = int32(clients)
+	pcfg.MinConns = int32(clients)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("pool: %w", err)
+	}
+	defer pool.Close()
+	if _, err := migrate.Up(ctx, pool); err != nil {
+		return nil, fmt.Errorf("migrate scratch schema: %w", err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE bench_http_row (
+		id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, body text NOT NULL)`); err != nil {
+		return nil, err
+	}
+	store := idempotency.NewPostgresStore(pool)
+
+	// The handler of every variant writes one row: through the request
+	// transaction in transactional mode, else through the pool.
+	writeRow := func(ctx context.Context, tx bool) (int64, error) {
+		var id int64
+		var err error
+		if t, ok := idempotency.TxFromContext(ctx); tx && ok {
+			err = t.QueryRow(ctx, `INSERT INTO bench_http_row (body) VALUES ($1) RETURNING id`, benchHTTPBody).Scan(&id)
+		} else {
+			err = pool.QueryRow(ctx, `INSERT INTO bench_http_row (body) VALUES ($1) RETURNING id`, benchHTTPBody).Scan(&id)
+		}
+		return id, err
+	}
+	handler := func(tx bool) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			id, err := writeRow(r.Context(), tx)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Location", "/rows/"+strconv.FormatInt(id, 10))
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"id":%d,"status":"NEW"}`, id)
+		})
+	}
+	scope := func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil }
+	twoStep, err := idempotency.New(store, &idempotency.Config{Scope: scope})
+	if err != nil {
+		return nil, err
+	}
+	transactional, err := idempotency.New(store, &idempotency.Config{Scope: scope, Mode: idempotency.ModeTransactional})
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /two-step/rows", twoStep.Wrap(handler(false)))
+	mux.Handle("POST /transactional/rows", transactional.Wrap(handler(true)))
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer func() { _ = srv.Shutdown(context.WithoutCancel(ctx)) }()
+	base := "http://" + ln.Addr().String()
+	client := &http.Client{Transport: &http.Transport{
+		MaxIdleConns:        clients * 2,
+		MaxIdleConnsPerHost: clients * 2,
+		MaxConnsPerHost:     clients * 2,
+		DisableCompression:  true,
+	}}
+	defer client.CloseIdleConnections()
+
+	run := uniqueRun()
+	var seq atomic.Int64
+	newKey := func() string { return run + "-" + strconv.FormatInt(seq.Add(1), 10) }
+	send := func(ctx context.Context, path, key string, want int) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader([]byte(benchHTTPBody)))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-User", "bench")
+		req.Header.Set(idempotency.HeaderName, key)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			return fmt.Errorf("POST %s: status %d, want %d: %s", path, resp.StatusCode, want, body)
+		}
+		return nil
+	}
+
+	resp201 := &idempotency.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}}
+	variants := []struct {
+		name string
+		prep func(ctx context.Context) error
+		op   func(ctx context.Context) error
+	}{
+		{name: "sql-two-step", op: func(ctx context.Context) error {
+			// Exactly what ModeTwoStep issues per request, each statement
+			// in its own implicit transaction: the claim, the handler's
+			// INSERT, the completion.
+			c := idempotency.Claim{
+				Key:         idempotency.HashKey("bench", http.MethodPost, "POST /sql/rows", newKey()),
+				Fingerprint: idempotency.Fingerprint(idempotency.HashKey("fp", "", "", benchHTTPBody)),
+				Lease:       idempotency.LeaseDefault, Retention: idempotency.RetentionDefault,
+			}
+			res, err := store.Claim(ctx, c)
+			if err != nil {
+				return err
+			}
+			if res.Outcome != idempotency.OutcomeClaimed {
+				return fmt.Errorf("claim outcome %v", res.Outcome)
+			}
+			id, err := writeRow(ctx, false)
+			if err != nil {
+				return err
+			}
+			r := *resp201
+			r.Body = fmt.Appendf(nil, `{"id":%d,"status":"NEW"}`, id)
+			return store.Complete(ctx, c.Key, res.Fence, &r, idempotency.RetentionDefault)
+		}},
+		{name: "two-step", op: func(ctx context.Context) error {
+			return send(ctx, "/two-step/rows", newKey(), http.StatusCreated)
+		}},
+		{name: "transactional", op: func(ctx context.Context) error {
+			return send(ctx, "/transactional/rows", newKey(), http.StatusCreated)
+		}},
+	}
+	// replay: repeats of keys completed beforehand (each written once).
+	const replayKeys = 1000
+	replay := make([]string, replayKeys)
+	var replayNext atomic.Int64
+	variants = append(variants, struct {
+		name string
+		prep func(ctx context.Context) error
+		op   func(ctx context.Context) error
+	}{name: "replay", prep: func(ctx context.Context) error {
+		var wg sync.WaitGroup
+		errs := make([]error, clients)
+		for c := range clients {
+			wg.Go(func() {
+				for i := c; i < replayKeys && errs[c] == nil; i += clients {
+					replay[i] = newKey()
+					errs[c] = send(ctx, "/two-step/rows", replay[i], http.StatusCreated)
+				}
+			})
+		}
+		wg.Wait()
+		return errors.Join(errs...)
+	}, op: func(ctx context.Context) error {
+		return send(ctx, "/two-step/rows", replay[replayNext.Add(1)%replayKeys], http.StatusCreated)
+	}})
+
+	// The machine is shared: background load drifts. So the variants run
+	// interleaved, in rounds, each round giving every variant an equal
+	// slice, and the figures add up the rounds: a drift hits all variants
+	// alike, which keeps the ratios honest.
+	for _, v := range variants {
+		if v.prep != nil {
+			if err := v.prep(ctx); err != nil {
+				return nil, fmt.Errorf("%s: prepare: %w", v.name, err)
+			}
+		}
+	}
+	slice := dur / time.Duration(rounds)
+	samples := make([]benchSamples, len(variants))
+	for round := range rounds {
+		for i, v := range variants {
+			warm := 200 * time.Millisecond
+			if round == 0 {
+				warm = time.Second
+			}
+			if err := benchLoad(ctx, clients, warm, slice, v.op, &samples[i]); err != nil {
+				return nil, fmt.Errorf("%s: %w", v.name, err)
+			}
+
+		}
+	}
+	var results []benchResult
+	for i, v := range variants {
+		r := samples[i].result(v.name)
+		fmt.Fprintf(env.Log, "http: %s: %.0f ops/s, p50 %.2f ms, p99 %.2f ms\n", r.Name, r.OpsPerSec, r.P50Ms, r.P99Ms)
+		results = append(results, r)
+	}
+	return results, nil
+}
+
+func uniqueRun() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// benchSamples accumulates one variant's rounds.
+type benchSamples struct {
+	lat     []time.Duration
+	elapsed time.Duration
+}
+
+func (s *benchSamples) result(name string) benchResult {
+	all := s.lat
+	slices.Sort(all)
+	pct := func(p float64) float64 {
+		if len(all) == 0 {
+			return 0
+		}
+		return float64(all[int(p*float64(len(all)-1))]) / float64(time.Millisecond)
+	}
+	return benchResult{
+		Name:      name,
+		OpsPerSec: float64(len(all)) / s.elapsed.Seconds(),
+		P50Ms:     pct(0.50),
+		P99Ms:     pct(0.99),
+		Ops:       len(all),
+	}
+}
+
+// benchLoad runs op from clients goroutines for a warm-up and then for dur,
+// and adds the measured operations to into. Any op error ends the run.
+func benchLoad(ctx context.Context, clients int, warm, dur time.Duration, op func(context.Context) error, into *benchSamples) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var measuring, stop atomic.Bool
+	lat := make([][]time.Duration, clients)
+	var (
+		errMu sync.Mutex
+		first error
+	)
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() {
+			for !stop.Load() {
+				t0 := time.Now()
+				if err := op(ctx); err != nil {
+					errMu.Lock()
+					if first == nil && !errors.Is(err, context.Canceled) {
+						first = err
+					}
+					errMu.Unlock()
+					cancel()
+					return
+				}
+				if measuring.Load() {
+					lat[i] = append(lat[i], time.Since(t0))
+				}
+			}
+		})
+	}
+	sleep := func(d time.Duration) {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
+	sleep(warm)
+	measuring.Store(true)
+	start := time.Now()
+	sleep(dur)
+	measuring.Store(false)
+	elapsed := time.Since(start)
+	stop.Store(true)
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	for _, l := range lat {
+		into.lat = append(into.lat, l...)
+	}
+	into.elapsed += elapsed
+	return nil
+}
