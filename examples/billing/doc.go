@@ -14,8 +14,29 @@
 //	app/                 wiring, roles and the ordered shutdown (lifecycle)
 //
 // The flow, the HTTP contract and the shutdown order are in ARCHITECTURE.md.
+//
+// # What it guarantees
+//
 // Every step is either one database transaction or an external call with a
-// key fixed before the first attempt, so a process stopped at any point
-// leaves nothing half-done: a retry, a redelivery or the relay finishes it,
-// and nothing is charged twice.
+// key fixed before the first attempt, so a process stopped at any point —
+// SIGTERM, SIGKILL, a hard stop at the end of a shutdown budget — leaves
+// nothing half-done: a client retry with the same Idempotency-Key, a Kafka
+// redelivery or the outbox relay finishes it, and the provider is never
+// charged twice for one order confirmation or one payment:
+//
+//   - POST: the idempotency claim, the business rows and the outbox events
+//     commit in one transaction (transactional mode), or none of them does;
+//   - orders.events consumer: processed_event and the ChargeRequested outbox
+//     row commit together; the key (event id + ":billing") is fixed there;
+//   - charge worker: the provider call carries that key on every attempt,
+//     outside any transaction; the outcome and processed_event commit
+//     together; the offset is committed only after.
+//
+// # What it does not guarantee
+//
+// Exactly-once holds per key: two POST /payments with different
+// Idempotency-Keys are two payments, by design. A charge declined by the
+// provider is recorded as FAILED, not retried. The provider's own
+// idempotency window must outlast the longest redelivery delay (paysim keeps
+// keys 24 h). Order of charges across different orders is not preserved.
 package billing
