@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testkafka"
 	"github.com/idemkit/idem/paysim"
@@ -21,6 +23,7 @@ const aliceToken = "alice-token"
 
 type stack struct {
 	db  *testdb.DB
+	kc  *testkafka.Cluster
 	env []string
 	sim *paysim.Server
 }
@@ -32,7 +35,7 @@ func newStack(t *testing.T, simCfg *paysim.Config) *stack {
 	db := testdb.New(t, testdb.MaxConns(4))
 	kc := testkafka.New(t)
 	payURL, sim := startPaysim(t, simCfg)
-	return &stack{db: db, sim: sim, env: []string{
+	return &stack{db: db, kc: kc, sim: sim, env: []string{
 		"DATABASE_URL=" + db.URL,
 		"KAFKA_BROKERS=" + strings.Join(kc.Addrs, ","),
 		"PAYMENT_URL=" + payURL,
@@ -257,6 +260,18 @@ func TestFlowChargesEverythingOnce(t *testing.T) {
 	} {
 		if !strings.Contains(string(m.Body), want) {
 			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+
+	// Both instances are members of both consumer groups: the work is
+	// shared through Kafka's assignment (and the relays through SKIP LOCKED).
+	groups, err := kadm.NewClient(s.kc.Client(t)).DescribeGroups(context.Background(), "billing-service", "billing-charger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range groups.Sorted() {
+		if len(g.Members) != 2 {
+			t.Errorf("group %s has %d members, want 2", g.Group, len(g.Members))
 		}
 	}
 
