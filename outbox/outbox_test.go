@@ -231,7 +231,7 @@ func TestRetryAfterFailedPublishKeepsOrder(t *testing.T) {
 			db := testdb.New(t)
 			rec := newRecorder()
 			rec.ignoreOrderContract = true // the relay must hold a-2, a-3 back anyway
-			failures := 2
+			failures := 1
 			rec.fail = func(e outbox.Event) error {
 				if e.EventID == "a-1" && failures > 0 {
 					failures--
@@ -240,7 +240,7 @@ func TestRetryAfterFailedPublishKeepsOrder(t *testing.T) {
 				return nil
 			}
 			r := newRelay(t, db, rec, outbox.RelayConfig{Mode: mode, DisableNotify: true,
-				BackoffMin: time.Millisecond, BackoffMax: 2 * time.Millisecond})
+				BackoffMin: time.Hour, BackoffMax: time.Hour})
 			enqueue(t, db.Pool, msg("a", 1), msg("a", 2), msg("b", 1), msg("a", 3), msg("b", 2))
 			if _, err := r.RunBatch(context.Background()); err == nil {
 				t.Fatal("first batch: want the publisher's error")
@@ -255,6 +255,17 @@ func TestRetryAfterFailedPublishKeepsOrder(t *testing.T) {
 				"SELECT attempts, last_error FROM outbox_event WHERE event_id = 'a-1'").Scan(&attempts, &lastErr)
 			if attempts != 1 || !strings.Contains(lastErr, "broker said no") {
 				t.Fatalf("a-1 attempts %d, last_error %q", attempts, lastErr)
+			}
+			// While a-1 backs off, a-2 and a-3 wait behind it.
+			drain(t, r)
+			if st := statuses(t, db); st["a-2"] != "PENDING" || st["a-3"] != "PENDING" {
+				t.Fatalf("during a-1's backoff: %v", st)
+			}
+			rec.ignoreOrderContract = false
+			deliveredBefore := len(rec.snapshot())
+			// The backoff ends (without waiting an hour).
+			if _, err := db.Pool.Exec(context.Background(), "UPDATE outbox_event SET available_at = now() WHERE event_id = 'a-1'"); err != nil {
+				t.Fatal(err)
 			}
 			eventually(t, "all published", func() bool {
 				_, _ = r.RunBatch(context.Background())
@@ -278,8 +289,17 @@ func TestRetryAfterFailedPublishKeepsOrder(t *testing.T) {
 			// delivered then too (a duplicate the consumer drops); what
 			// matters is that a-1's first delivery precedes every a-2/a-3
 			// delivery after it, and the final pass is 1, 2, 3.
-			if len(a) < 3 || !slices.Equal(a[len(a)-3:], []int64{1, 2, 3}) || slices.Index(a, 1) < 0 {
+			if len(a) < 3 || !slices.Equal(a[len(a)-3:], []int64{1, 2, 3}) {
 				t.Fatalf("deliveries of a: %v", a)
+			}
+			var after []int64
+			for _, e := range rec.snapshot()[deliveredBefore:] {
+				if e.AggregateID == "a" {
+					after = append(after, e.Seq)
+				}
+			}
+			if !slices.Equal(after, []int64{1, 2, 3}) {
+				t.Fatalf("deliveries of a after the backoff: %v, want 1 2 3", after)
 			}
 		})
 	}
