@@ -8,6 +8,10 @@
 //	POST /charges  Idempotency-Key, {"order_id","customer_id","amount_kopecks"} → 201 {"charge_id"}
 //	GET  /ledger   → {"charges":[{"charge_id","idempotency_key","order_id","amount_kopecks","created_at"}…]}
 //
+// and, beyond the contract, GET /healthz and GET /metrics (Prometheus text:
+// paysim_charges_total, paysim_replays_total, paysim_conflicts_total{code},
+// paysim_faults_total{kind}, paysim_rejected_total, paysim_ledger_rows).
+//
 // POST /charges runs behind the idempotency package's middleware over a
 // MemoryStore, scoped by the Authorization header value: the same key and
 // body replay the first answer with Idempotent-Replayed: true; the same key

@@ -81,12 +81,15 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// Stats counts what the simulator did, for tests and logs.
+// Stats counts what the simulator did, for tests, logs and GET /metrics.
 type Stats struct {
-	Charged int64 // ledger rows inserted
-	Failed  int64 // injected 500s
-	Dropped int64 // responses dropped after the charge
-	Invalid int64 // charges rejected with a 4xx by paysim itself
+	Charged    int64 // ledger rows inserted
+	Replayed   int64 // answers replayed from the idempotency store
+	InProgress int64 // 409 IDEMPOTENCY_KEY_IN_PROGRESS answers
+	Reused     int64 // 409 IDEMPOTENCY_KEY_REUSED answers (middleware or ledger)
+	Failed     int64 // injected 500s
+	Dropped    int64 // responses dropped after the charge
+	Invalid    int64 // charges rejected with a 4xx by paysim itself
 }
 
 // Server is the payment-provider simulator, an http.Handler:
@@ -94,6 +97,7 @@ type Stats struct {
 //	POST /charges  Idempotency-Key, {"order_id","customer_id","amount_kopecks"} → 201 {"charge_id"}
 //	GET  /ledger   → {"charges":[{"charge_id","idempotency_key","order_id","amount_kopecks","created_at"}…]}
 //	GET  /healthz  → 200
+//	GET  /metrics  → Prometheus text: paysim_charges_total, paysim_replays_total, ...
 //
 // POST /charges goes through the idempotency middleware over a
 // MemoryStore: the same key and body replay the first answer
@@ -107,7 +111,7 @@ type Server struct {
 	mw      *idempotency.Middleware
 	handler http.Handler
 
-	charged, failed, dropped, invalid atomic.Int64
+	charged, replayed, inProgress, reused, failed, dropped, invalid atomic.Int64
 }
 
 // New returns a simulator with an empty ledger.
@@ -125,20 +129,23 @@ func New(cfg *Config) (*Server, error) {
 	if c.Lease == 0 {
 		c.Lease = LeaseDefault
 	}
+	s := &Server{cfg: c, ledger: NewLedger(), faults: newFaults(c.Seed, c.FailRate, c.DropRate)}
 	mw, err := idempotency.New(idempotency.NewMemoryStore(), &idempotency.Config{
 		Scope:     c.Scope,
 		Lease:     c.Lease,
 		Retention: max(idempotency.RetentionDefault, c.Lease),
+		Hook:      s.hook,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("paysim: %w", err)
 	}
-	s := &Server{cfg: c, ledger: NewLedger(), faults: newFaults(c.Seed, c.FailRate, c.DropRate), mw: mw}
+	s.mw = mw
 	mux := http.NewServeMux()
 	mux.Handle("POST /charges", s.dropping(mw.Wrap(http.HandlerFunc(s.charge))))
 	mux.HandleFunc("GET /ledger", s.listLedger)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
-	for _, p := range []string{"/charges", "/ledger", "/healthz"} {
+	mux.HandleFunc("GET /metrics", s.metrics)
+	for _, p := range []string{"/charges", "/ledger", "/healthz", "/metrics"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			writeProblem(w, http.StatusMethodNotAllowed, CodeMethod, r.Method+" is not allowed on "+r.URL.Path)
 		})
@@ -165,7 +172,37 @@ func (s *Server) Ledger() *Ledger { return s.ledger }
 
 // Stats returns the counters so far.
 func (s *Server) Stats() Stats {
-	return Stats{Charged: s.charged.Load(), Failed: s.failed.Load(), Dropped: s.dropped.Load(), Invalid: s.invalid.Load()}
+	return Stats{
+		Charged: s.charged.Load(), Replayed: s.replayed.Load(), InProgress: s.inProgress.Load(), Reused: s.reused.Load(),
+		Failed: s.failed.Load(), Dropped: s.dropped.Load(), Invalid: s.invalid.Load(),
+	}
+}
+
+// hook counts the middleware's answers to POST /charges.
+func (s *Server) hook(_ context.Context, e idempotency.Event) {
+	switch e.Kind {
+	case idempotency.EventReplay:
+		s.replayed.Add(1)
+	case idempotency.EventConflict:
+		s.inProgress.Add(1)
+	case idempotency.EventMismatch:
+		s.reused.Add(1)
+	}
+}
+
+// metrics is GET /metrics in the Prometheus text format, written by hand
+// to keep the simulator free of a metrics library.
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	st := s.Stats()
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	fmt.Fprintf(w, "# HELP paysim_charges_total Charges written to the ledger.\n# TYPE paysim_charges_total counter\npaysim_charges_total %d\n", st.Charged)
+	fmt.Fprintf(w, "# HELP paysim_replays_total Charge answers replayed from the idempotency store.\n# TYPE paysim_replays_total counter\npaysim_replays_total %d\n", st.Replayed)
+	fmt.Fprintf(w, "# HELP paysim_conflicts_total 409 answers by problem code.\n# TYPE paysim_conflicts_total counter\n")
+	fmt.Fprintf(w, "paysim_conflicts_total{code=%q} %d\npaysim_conflicts_total{code=%q} %d\n", idempotency.CodeKeyInProgress, st.InProgress, idempotency.CodeKeyReused, st.Reused)
+	fmt.Fprintf(w, "# HELP paysim_faults_total Injected faults by kind.\n# TYPE paysim_faults_total counter\n")
+	fmt.Fprintf(w, "paysim_faults_total{kind=\"fail\"} %d\npaysim_faults_total{kind=\"drop\"} %d\n", st.Failed, st.Dropped)
+	fmt.Fprintf(w, "# HELP paysim_rejected_total Charges rejected as malformed or invalid.\n# TYPE paysim_rejected_total counter\npaysim_rejected_total %d\n", st.Invalid)
+	fmt.Fprintf(w, "# HELP paysim_ledger_rows Rows in the ledger.\n# TYPE paysim_ledger_rows gauge\npaysim_ledger_rows %d\n", s.ledger.Len())
 }
 
 // Start runs the idempotency store's purge loop until Stop or ctx ends.
@@ -220,6 +257,7 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 	}
 	row, inserted, err := s.ledger.Insert(Charge{IdempotencyKey: key, OrderID: req.OrderID, CustomerID: req.CustomerID, AmountKopecks: req.AmountKopecks})
 	if errors.Is(err, ErrLedgerConflict) {
+		s.reused.Add(1)
 		// Reached only when the middleware's store forgot the key (another
 		// principal, or after retention): the ledger is the last line.
 		writeProblem(w, http.StatusConflict, idempotency.CodeKeyReused, "this Idempotency-Key was charged for a different request ("+row.ChargeID+")")

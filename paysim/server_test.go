@@ -48,6 +48,22 @@ func TestChargeAndReplay(t *testing.T) {
 	if len(rows) != 1 || rows[0].ChargeID != first.chargeID || rows[0].AmountKopecks != 1500 || rows[0].IdempotencyKey != "o-1:charge:r-1" {
 		t.Fatalf("ledger = %+v", rows)
 	}
+	m, err := send(t, hc, "GET", b.url+"/metrics", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"\npaysim_charges_total 1\n",
+		"\npaysim_replays_total 1\n",
+		`paysim_conflicts_total{code="IDEMPOTENCY_KEY_REUSED"} 1` + "\n",
+		`paysim_conflicts_total{code="IDEMPOTENCY_KEY_IN_PROGRESS"} 0` + "\n",
+		`paysim_faults_total{kind="drop"} 0` + "\n",
+		"\npaysim_ledger_rows 1\n",
+	} {
+		if !strings.Contains(m.body, want) {
+			t.Errorf("GET /metrics lacks %q:\n%s", want, m.body)
+		}
+	}
 }
 
 // TestLedgerHoldsOneRowPerKeyBeyondTheMiddleware: two principals have

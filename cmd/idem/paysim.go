@@ -25,6 +25,7 @@ Runs a payment provider that honours Idempotency-Key:
 
   POST /charges  Idempotency-Key, {"order_id","customer_id","amount_kopecks"} → 201 {"charge_id"}
   GET  /ledger   → {"charges":[{"charge_id","idempotency_key","order_id","amount_kopecks","created_at"}…]}
+  GET  /metrics  → Prometheus text (paysim_charges_total, paysim_replays_total, ...)
 
 The same key and body replay the first answer (Idempotent-Replayed: true) and
 never charge twice; the ledger holds at most one row per key. Faults, each
