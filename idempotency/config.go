@@ -79,8 +79,9 @@ type Config struct {
 
 	// Lease is how long a two-step claim holds its key without a completion
 	// before a retry may take it over. The handler's context ends when the
-	// lease does, so that a handler never runs past its own fence. Defaults
-	// to LeaseDefault (30s).
+	// lease does (in both modes), so that a handler does not run past its
+	// own fence and a transaction is not held open indefinitely. Defaults to
+	// LeaseDefault (30s).
 	Lease time.Duration
 
 	// Retention is how long a record is kept and replayed; after it the key

@@ -29,6 +29,20 @@
 // a claim that a retry takes over after the lease (database time), and the
 // fencing token rejects the late original's completion.
 //
+// # Concurrency in transactional mode
+//
+// A transactional claim writes nothing: BEGIN, pg_try_advisory_xact_lock on
+// the key (mixed with the table oid) and a read of the record travel in one
+// round trip; the complete record is inserted just before COMMIT, in the same
+// round trip. A second request with the same key therefore never blocks on
+// the first's open transaction: the try-lock fails and it answers 409
+// IDEMPOTENCY_KEY_IN_PROGRESS at once (or polls, with Config.Wait). The cost
+// of that choice: while the first is uncommitted, a second request with a
+// different body also gets in-progress, not IDEMPOTENCY_KEY_REUSED, because
+// the first's fingerprint is not visible yet; once it commits, the mismatch
+// is reported. In two-step mode the claim is committed first, so a mismatch
+// always wins over in-progress.
+//
 // # What it does not guarantee
 //
 // In ModeTwoStep, side effects the handler makes outside the store (a

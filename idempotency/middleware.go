@@ -105,7 +105,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	if err != nil {
 		// The client went away mid-body (or sent a broken one): there is no
 		// request to protect. 400 is what net/http answers itself.
-		reject(http.StatusBadRequest, CodeKeyInvalid, "the request body could not be read", err)
+		reject(http.StatusBadRequest, CodeBodyUnreadable, "the request body could not be read", err)
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))

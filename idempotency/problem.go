@@ -14,6 +14,7 @@ const (
 	CodeKeyReused        = "IDEMPOTENCY_KEY_REUSED"      // 409, or 422 by Config.MismatchStatus
 	CodeKeyInProgress    = "IDEMPOTENCY_KEY_IN_PROGRESS" // 409 with Retry-After
 	CodeBodyTooLarge     = "REQUEST_BODY_TOO_LARGE"      // 413
+	CodeBodyUnreadable   = "REQUEST_BODY_UNREADABLE"     // 400: the body could not be read
 	CodeScopeUnknown     = "IDEMPOTENCY_SCOPE_UNKNOWN"   // 401: Config.Scope failed
 	CodeStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
 )
@@ -36,6 +37,7 @@ var problemTitles = map[string]string{
 	CodeKeyReused:        "Idempotency-Key reused with a different request",
 	CodeKeyInProgress:    "A request with this Idempotency-Key is in progress",
 	CodeBodyTooLarge:     "Request body too large",
+	CodeBodyUnreadable:   "Request body unreadable",
 	CodeScopeUnknown:     "Principal unknown",
 	CodeStoreUnavailable: "Idempotency store unavailable",
 }
