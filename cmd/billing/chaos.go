@@ -61,6 +61,7 @@ func addHarnessFlags(fs *flag.FlagSet, def chaos.Config) *harnessFlags {
 	fs.Int64Var(&h.cfg.Seed, "seed", 0, "seed of every random choice (0: from the clock; the report prints it)")
 	fs.StringVar(&h.cfg.Unsafe, "unsafe", "", "switch one protection off: key, inbox, fingerprint or lease")
 	fs.IntVar(&h.cfg.Concurrency, "concurrency", chaos.ConcurrencyDefault, "driver workers")
+	fs.DurationVar(&h.cfg.LoadDuration, "duration", chaos.LoadDurationDefault, "spread the start of the orders and payments over this time")
 	fs.DurationVar(&h.cfg.Quiescence, "quiescence", chaos.QuiescenceDefault, "how long to wait, after the load, for every order and payment to be final")
 	fs.BoolVar(&h.jsonOut, "json", false, "print the report as one JSON object")
 	fs.StringVar(&h.idemBin, "idem-bin", os.Getenv("IDEM_BIN"), "idem binary (default: beside billing, else go build, else PATH)")
@@ -94,8 +95,8 @@ func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error
 	if cfg.Orders < 0 || cfg.Payments < 0 || cfg.Instances < 1 || cfg.Kills < 0 || cfg.Terms < 0 || cfg.BrokerRestarts < 0 {
 		return cli.Usagef("--orders, --payments, --kills, --terms and --broker-restarts must not be negative, --instances at least 1")
 	}
-	if cfg.Quiescence <= 0 {
-		return cli.Usagef("--quiescence must be positive")
+	if cfg.Quiescence <= 0 || cfg.LoadDuration <= 0 {
+		return cli.Usagef("--quiescence and --duration must be positive")
 	}
 	if cfg.Orders+cfg.Payments == 0 {
 		return cli.Usagef("--orders and --payments are both 0: nothing to do")

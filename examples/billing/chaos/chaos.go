@@ -305,7 +305,7 @@ func (r *run) chaos(ctx context.Context, total int64, loadDone <-chan struct{}) 
 		}
 		switch ev.kind {
 		case "broker":
-			r.progress.logf("broker: %v and restart", brokerSig)
+			r.progress.logf("broker: %s and restart", signame(brokerSig))
 			r.broker.stop(brokerSig, 30*time.Second)
 			sleep(ctx, time.Duration(200+rng.IntN(600))*time.Millisecond)
 			if err := r.broker.start(ctx); err != nil {
@@ -522,4 +522,11 @@ func (r *run) stopAll() {
 	if r.broker != nil {
 		r.broker.close(10 * time.Second)
 	}
+}
+
+func signame(s syscall.Signal) string {
+	if s == syscall.SIGKILL {
+		return "SIGKILL"
+	}
+	return "SIGTERM"
 }

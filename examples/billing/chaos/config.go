@@ -30,6 +30,7 @@ const (
 	PaymentsDefault        = 30
 	InstancesDefault       = 3
 	ConcurrencyDefault     = 8
+	LoadDurationDefault    = 20 * time.Second
 	DuplicateRateDefault   = 0.1
 	ClientDropRateDefault  = 0.1
 	RequestTimeoutDefault  = 5 * time.Second
@@ -85,6 +86,10 @@ type Config struct {
 	// Concurrency is the number of driver workers. Defaults to
 	// ConcurrencyDefault.
 	Concurrency int
+	// LoadDuration spreads the start of the orders and payments evenly
+	// over this time (a negative value: all at once, as fast as
+	// Concurrency allows). Defaults to LoadDurationDefault.
+	LoadDuration time.Duration
 	// DuplicateRate is the share of POSTs sent twice at once. Defaults to
 	// DuplicateRateDefault; negative means 0.
 	DuplicateRate float64
@@ -144,6 +149,8 @@ func (c *Config) withDefaults() Config {
 			*p = v
 		}
 	}
+	durDef(&out.LoadDuration, LoadDurationDefault)
+	out.LoadDuration = max(out.LoadDuration, 0)
 	durDef(&out.RequestTimeout, RequestTimeoutDefault)
 	durDef(&out.OpTimeout, OpTimeoutDefault)
 	durDef(&out.Quiescence, QuiescenceDefault)

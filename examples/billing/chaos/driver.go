@@ -106,9 +106,16 @@ func (d *driver) run(ctx context.Context) {
 			}
 		}()
 	}
-	// Orders and payments interleaved, so that chaos hits both.
+	// Orders and payments interleaved, so that chaos hits both; paced over
+	// LoadDuration, so that kills land among requests in flight rather
+	// than after a burst.
 	o, p := 0, 0
-	for o < d.cfg.Orders || p < d.cfg.Payments {
+	start := time.Now()
+	interval := d.cfg.LoadDuration / time.Duration(max(d.cfg.Orders+d.cfg.Payments, 1))
+	for k := 0; o < d.cfg.Orders || p < d.cfg.Payments; k++ {
+		if wait := time.Until(start.Add(time.Duration(k) * interval)); wait > 0 && !sleep(ctx, wait) {
+			break
+		}
 		var t task
 		if p >= d.cfg.Payments || (o < d.cfg.Orders && o*d.cfg.Payments <= p*d.cfg.Orders) {
 			t = task{n: o}

@@ -149,7 +149,7 @@ func runStandin(t *testing.T, unsafe string) (*driver, *standin, auditResult, []
 		procs = append(procs, &proc{name: fmt.Sprint("standin-", i), addr: strings.TrimPrefix(srv.URL, "http://"), up: true})
 	}
 	cfg := (&Config{IdemBin: "x", BillingBin: "x", DatabaseURL: "x", Orders: 40, Payments: 20,
-		Seed: 7, DuplicateRate: 0.3, ClientDropRate: 0.2, Unsafe: unsafe}).withDefaults()
+		Seed: 7, DuplicateRate: 0.3, ClientDropRate: 0.2, Unsafe: unsafe, LoadDuration: -1}).withDefaults()
 	if err := cfg.validate(); err != nil {
 		t.Fatal(err)
 	}
