@@ -203,7 +203,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 	}
 	if roles.Consumer {
-		c, err := consumer.NewOrderConsumer(pool, cfg.Brokers, log)
+		c, err := consumer.NewOrderConsumer(pool, cfg.Brokers, log, metrics.InboxDuplicate(consumer.OrderGroup))
 		if err != nil {
 			return err
 		}
@@ -236,6 +236,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 		w, err := consumer.NewChargeWorker(pool, gw, &consumer.ChargeWorkerConfig{
 			Brokers: cfg.Brokers, Logger: log, OnSettled: metrics.ChargeSettled,
+			OnDuplicate: metrics.InboxDuplicate(consumer.ChargeGroupDefault), OnProviderReplay: metrics.ProviderReplay,
 		})
 		if err != nil {
 			return err

@@ -48,6 +48,12 @@ type ChargeWorkerConfig struct {
 	// the target ("order", "payment") and "charged" or "failed". Defaults
 	// to nil.
 	OnSettled func(target, outcome string)
+	// OnDuplicate is called for a command already processed (redelivered):
+	// its transaction changed nothing. Defaults to nil.
+	OnDuplicate func()
+	// OnProviderReplay is called when the provider answered from its
+	// idempotency store (the key had been charged before). Defaults to nil.
+	OnProviderReplay func()
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// ClientOpts are extra franz-go options. Defaults to none.
@@ -272,6 +278,9 @@ func (w *ChargeWorker) process(rec *kgo.Record) bool {
 	for attempt := 1; ; attempt++ {
 		first, err := w.record(id, cmd, outcome)
 		if err == nil {
+			if !first && w.cfg.OnDuplicate != nil {
+				w.cfg.OnDuplicate()
+			}
 			if first && w.cfg.OnSettled != nil {
 				name := "charged"
 				if !outcome.Charged {
@@ -297,11 +306,14 @@ func (w *ChargeWorker) process(rec *kgo.Record) bool {
 func (w *ChargeWorker) charge(cmd usecase.ChargeRequested, id string) (usecase.ChargeOutcome, bool) {
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(w.hardCtx, w.cfg.CallTimeout)
-		chargeID, err := w.gw.Charge(ctx, cmd)
+		res, err := w.gw.Charge(ctx, cmd)
 		cancel()
 		switch {
 		case err == nil:
-			return usecase.ChargeOutcome{Charged: true, ChargeID: chargeID}, true
+			if res.Replayed && w.cfg.OnProviderReplay != nil {
+				w.cfg.OnProviderReplay()
+			}
+			return usecase.ChargeOutcome{Charged: true, ChargeID: res.ID}, true
 		case errors.Is(err, usecase.ErrChargeDeclined):
 			return usecase.ChargeOutcome{Failure: truncate(err.Error(), 500)}, true
 		case w.hardCtx.Err() != nil:

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,7 +77,7 @@ type recordingGateway struct {
 	keys []string
 }
 
-func (g *recordingGateway) Charge(ctx context.Context, c usecase.ChargeRequested) (string, error) {
+func (g *recordingGateway) Charge(ctx context.Context, c usecase.ChargeRequested) (usecase.Charge, error) {
 	g.mu.Lock()
 	g.keys = append(g.keys, c.IdempotencyKey)
 	g.mu.Unlock()
@@ -291,7 +292,8 @@ func TestOrderConsumerEmitsOneCommandPerEvent(t *testing.T) {
 	bad := ev("ord_3", "e-bad", `{"order_id":`)
 	after := ev("ord_3", "e-4", `{"order_id":"ord_3","customer_id":"c1","total_kopecks":800}`)
 	b.produce(t, good, &dup, bad, after)
-	c, err := consumer.NewOrderConsumer(b.db.Pool, b.kc.Addrs, quiet, kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	var dups atomic.Int64
+	c, err := consumer.NewOrderConsumer(b.db.Pool, b.kc.Addrs, quiet, func() { dups.Add(1) }, kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,6 +316,9 @@ func TestOrderConsumerEmitsOneCommandPerEvent(t *testing.T) {
 	}
 	if err := c.Stop(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	if dups.Load() != 1 {
+		t.Fatalf("%d duplicates counted, want 1", dups.Load())
 	}
 	rows, err := b.db.Pool.Query(context.Background(), `SELECT event_id FROM outbox_event WHERE event_type = 'ChargeRequested' ORDER BY event_id`)
 	if err != nil {

@@ -26,7 +26,10 @@ const OrderGroup = "billing-service"
 // the ChargeRequested outbox row (key = event id + ":billing"); the offset
 // is committed after that transaction (package kafka). Several instances
 // share the partitions through the group.
-func NewOrderConsumer(db kafka.Beginner, brokers []string, log *slog.Logger, opts ...kgo.Opt) (*kafka.Consumer, error) {
+//
+// onDuplicate, if not nil, is called for each redelivered event the inbox
+// skipped.
+func NewOrderConsumer(db kafka.Beginner, brokers []string, log *slog.Logger, onDuplicate func(), opts ...kgo.Opt) (*kafka.Consumer, error) {
 	handler := func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
 		if t := header(rec, kafka.HeaderEventType); t != "" && t != usecase.EventOrderConfirmed {
 			return nil // another event type on the topic: not ours, marked done
@@ -37,12 +40,21 @@ func NewOrderConsumer(db kafka.Beginner, brokers []string, log *slog.Logger, opt
 		}
 		return err
 	}
+	var onProcessed func(context.Context, *kgo.Record, kafka.Outcome)
+	if onDuplicate != nil {
+		onProcessed = func(_ context.Context, _ *kgo.Record, o kafka.Outcome) {
+			if o == kafka.OutcomeDuplicate {
+				onDuplicate()
+			}
+		}
+	}
 	return kafka.NewConsumer(db, handler, &kafka.ConsumerConfig{
-		Brokers:    brokers,
-		Group:      OrderGroup,
-		Topics:     []string{usecase.TopicOrderEvents},
-		Logger:     log,
-		ClientOpts: opts,
+		Brokers:     brokers,
+		Group:       OrderGroup,
+		Topics:      []string{usecase.TopicOrderEvents},
+		Logger:      log,
+		OnProcessed: onProcessed,
+		ClientOpts:  opts,
 	})
 }
 

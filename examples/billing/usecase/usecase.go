@@ -222,7 +222,15 @@ type PaymentGateway interface {
 	// Charge charges once per key, however often it is called. An error
 	// wrapping ErrChargeDeclined is a definitive refusal; any other error
 	// is an unknown outcome, to be retried later with the same key.
-	Charge(ctx context.Context, c ChargeRequested) (chargeID string, err error)
+	Charge(ctx context.Context, c ChargeRequested) (Charge, error)
+}
+
+// Charge is the provider's answer to a successful charge.
+type Charge struct {
+	ID string
+	// Replayed: the provider answered from its idempotency store, because
+	// this key had been charged before (an earlier attempt or delivery).
+	Replayed bool
 }
 
 // ErrChargeDeclined is a definitive refusal by the provider.

@@ -24,6 +24,8 @@ type Metrics struct {
 	requests *prometheus.CounterVec
 	idem     *prometheus.CounterVec
 	charges  *prometheus.CounterVec
+	inboxDup *prometheus.CounterVec
+	provRep  prometheus.Counter
 }
 
 // NewMetrics registers billing's metrics (and the Go runtime's) in a fresh
@@ -41,8 +43,14 @@ func NewMetrics() *Metrics {
 		charges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_charges_total", Help: "Charges settled by the charge worker, by target (order, payment) and outcome (charged, failed).",
 		}, []string{"target", "outcome"}),
+		inboxDup: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "billing_inbox_duplicates_total", Help: "Redelivered events skipped as already processed (processed_event), by consumer.",
+		}, []string{"consumer"}),
+		provRep: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "billing_provider_replays_total", Help: "Charges the provider answered from its idempotency store (the key had been charged before).",
+		}),
 	}
-	m.reg.MustRegister(m.requests, m.idem, m.charges, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.reg.MustRegister(m.requests, m.idem, m.charges, m.inboxDup, m.provRep, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -55,6 +63,16 @@ func (m *Metrics) Handler() http.Handler {
 func (m *Metrics) IdempotencyHook(_ context.Context, e idempotency.Event) {
 	m.idem.WithLabelValues(string(e.Kind)).Inc()
 }
+
+// InboxDuplicate returns a counter function for consumer's skipped
+// redeliveries.
+func (m *Metrics) InboxDuplicate(consumer string) func() {
+	c := m.inboxDup.WithLabelValues(consumer)
+	return c.Inc
+}
+
+// ProviderReplay counts one charge answered from the provider's store.
+func (m *Metrics) ProviderReplay() { m.provRep.Inc() }
 
 // ChargeSettled counts one settled charge.
 func (m *Metrics) ChargeSettled(target, outcome string) {

@@ -42,7 +42,7 @@ func New(baseURL string, attemptTimeout time.Duration) (*Gateway, error) {
 // provider refused the charge, or the command can never be sent) wrap
 // usecase.ErrChargeDeclined; everything else is an unknown outcome that the
 // worker retries with the same key.
-func (g *Gateway) Charge(ctx context.Context, c usecase.ChargeRequested) (string, error) {
+func (g *Gateway) Charge(ctx context.Context, c usecase.ChargeRequested) (usecase.Charge, error) {
 	res, err := g.c.Charge(ctx, paysim.ChargeCommand{
 		IdempotencyKey: c.IdempotencyKey,
 		OrderID:        c.OrderID,
@@ -50,12 +50,12 @@ func (g *Gateway) Charge(ctx context.Context, c usecase.ChargeRequested) (string
 		AmountKopecks:  c.AmountKopecks,
 	})
 	if err == nil {
-		return res.ChargeID, nil
+		return usecase.Charge{ID: res.ChargeID, Replayed: res.Replayed}, nil
 	}
 	if errors.Is(err, paysim.ErrInvalidCharge) || (!idemclient.IsRetryable(err) && !errors.Is(err, paysim.ErrBadResponse)) {
-		return "", fmt.Errorf("%w: %v", usecase.ErrChargeDeclined, err)
+		return usecase.Charge{}, fmt.Errorf("%w: %v", usecase.ErrChargeDeclined, err)
 	}
-	return "", err
+	return usecase.Charge{}, err
 }
 
 // Close drops idle connections to the provider.

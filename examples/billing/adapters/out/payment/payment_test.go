@@ -60,8 +60,8 @@ func TestOutcomes(t *testing.T) {
 		t.Fatal(err)
 	}
 	id2, err := g.Charge(ctx, cmd)
-	if err != nil || id2 != id1 || sim.Ledger().Len() != 1 {
-		t.Fatalf("replay: %q %v, ledger %d", id2, err, sim.Ledger().Len())
+	if err != nil || id2.ID != id1.ID || id1.Replayed || !id2.Replayed || sim.Ledger().Len() != 1 {
+		t.Fatalf("replay: %+v then %+v %v, ledger %d", id1, id2, err, sim.Ledger().Len())
 	}
 	other := cmd
 	other.AmountKopecks = 999
