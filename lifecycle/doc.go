@@ -21,10 +21,12 @@
 // # What it guarantees
 //
 // The stop is bounded: Run returns no later than Config.ShutdownTimeout after
-// the shutdown began (plus at most one HardStopTimeout when the last stage's
-// hard stop itself hangs). Each stage's explicit budget is reserved: an
-// earlier stage that overruns cannot eat the time of a later one, so the
-// pool is always closed after the consumers, never instead of them.
+// the shutdown began, however the components behave (after a second
+// signal: within two HardStopTimeouts of it). Each stage's explicit budget
+// is reserved, and a stage's hard stop happens inside its own budget: an
+// earlier stage that overruns, even one whose hard stop hangs, cannot eat
+// the time of a later one, so the pool is always closed after the
+// consumers, never instead of them.
 //
 // # What it does not guarantee
 //

@@ -69,7 +69,9 @@ type Config struct {
 	// Kubernetes) so that the process exits before SIGKILL. Defaults to
 	// ShutdownTimeoutDefault (25 s).
 	ShutdownTimeout time.Duration
-	// HardStopTimeout bounds each HardStop call. Defaults to
+	// HardStopTimeout bounds the hard-stop window at the end of each stage
+	// (taken from the stage's own budget, at most a quarter of it) and the
+	// hard stop that follows a second signal. Defaults to
 	// HardStopTimeoutDefault (1 s).
 	HardStopTimeout time.Duration
 	// DrainDelay is how long the group stays up, not ready, before the first
@@ -378,7 +380,7 @@ func (g *Group) shutdown(stages []Stage, started []startedComponent, sigs <-chan
 			for _, cs := range byStage[i:] {
 				rest = append(rest, cs...)
 			}
-			g.hardStopAll(rest)
+			g.hardStopAll(rest, time.Now().Add(g.cfg.HardStopTimeout))
 			log.Warn("hard stop done", "duration", time.Since(begin).Round(time.Millisecond))
 			return errors.Join(append(errs, ErrHardStop)...)
 		default:
@@ -393,7 +395,7 @@ func (g *Group) shutdown(stages []Stage, started []startedComponent, sigs <-chan
 				stageDeadline = own
 			}
 		}
-		if err := g.stopStage(st, comps, stageDeadline, deadline, hard); err != nil {
+		if err := g.stopStage(st, comps, stageDeadline, hard); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -408,18 +410,23 @@ func (g *Group) shutdown(stages []Stage, started []startedComponent, sigs <-chan
 	return errors.Join(errs...)
 }
 
-// stopStage runs one stage. The components' Stop calls run concurrently
-// on a context ending at stageDeadline. Whatever is still running then (or
-// when hard closes) is hard-stopped, and the stage is abandoned after at most
-// HardStopTimeout more, capped by the whole shutdown's deadline.
-func (g *Group) stopStage(st Stage, comps []Component, stageDeadline, deadline time.Time, hard <-chan struct{}) error {
+// stopStage runs one stage; it returns by stageEnd (or HardStopTimeout after
+// a second signal). The stage's time is split: the soft stop gets all but
+// a hard-stop window of min(HardStopTimeout, a quarter of the stage), so
+// that the hard stop happens inside the stage's own budget and never eats
+// a later stage's. The components' Stop calls run concurrently on a context
+// ending at the soft deadline; whatever is still running then (or when hard
+// closes) is hard-stopped, and abandoned at stageEnd.
+func (g *Group) stopStage(st Stage, comps []Component, stageEnd time.Time, hard <-chan struct{}) error {
 	log := g.cfg.Logger
 	t0 := time.Now()
 	if len(comps) == 0 {
 		log.Info("stage skipped", "stage", st.Name, "reason", "nothing started")
 		return nil
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), stageDeadline)
+	window := min(g.cfg.HardStopTimeout, max(time.Until(stageEnd), 0)/4)
+	softDeadline := stageEnd.Add(-window)
+	ctx, cancel := context.WithDeadline(context.Background(), softDeadline)
 	defer cancel()
 
 	type result struct {
@@ -462,11 +469,11 @@ soft:
 		for i := range pending {
 			rest = append(rest, comps[i])
 		}
-		g.hardStopAll(rest)
-		cut := time.Now().Add(g.cfg.HardStopTimeout)
-		if cut.After(deadline) && !forced {
-			cut = deadline
+		cut := stageEnd
+		if forced {
+			cut = time.Now().Add(g.cfg.HardStopTimeout)
 		}
+		g.hardStopAll(rest, cut)
 		wait := time.NewTimer(time.Until(cut))
 	wait:
 		for len(pending) > 0 {
@@ -479,7 +486,7 @@ soft:
 		}
 		wait.Stop()
 	}
-	attrs := []any{"stage", st.Name, "duration", time.Since(t0).Round(time.Millisecond), "budget", stageDeadline.Sub(t0).Round(time.Millisecond)}
+	attrs := []any{"stage", st.Name, "duration", time.Since(t0).Round(time.Millisecond), "budget", stageEnd.Sub(t0).Round(time.Millisecond)}
 	switch {
 	case forced:
 		log.Warn("stage hard-stopped", append(attrs, "abandoned", len(pending))...)
@@ -494,9 +501,9 @@ soft:
 }
 
 // hardStopAll calls HardStop on every component that has one, concurrently,
-// and waits at most HardStopTimeout.
-func (g *Group) hardStopAll(comps []Component) {
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.HardStopTimeout)
+// and waits until they return or until, whichever is first.
+func (g *Group) hardStopAll(comps []Component, until time.Time) {
+	ctx, cancel := context.WithDeadline(context.Background(), until)
 	defer cancel()
 	var wg sync.WaitGroup
 	for _, c := range comps {

@@ -275,3 +275,37 @@ func TestStartContextOutlivesTrigger(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLaterStageKeepsItsBudget proves the reservation: a stage whose Stop
+// and HardStop both hang for ever is abandoned at the end of its share, and
+// the next stage still gets (about) its whole budget.
+func TestLaterStageKeepsItsBudget(t *testing.T) {
+	t.Parallel()
+	g := quietGroup(t, lifecycle.Config{ShutdownTimeout: 2 * time.Second, HardStopTimeout: time.Second})
+	release := make(chan struct{})
+	defer close(release)
+	hang := func(context.Context) error { <-release; return nil }
+	_ = g.Add(lifecycle.Stage{Name: "stuck", Components: []lifecycle.Component{&lifecycle.Funcs{StopFunc: hang, HardStopFunc: hang}}})
+	left := make(chan time.Duration, 1)
+	_ = g.Add(lifecycle.Stage{Name: "pool", Budget: 800 * time.Millisecond, Components: []lifecycle.Component{&lifecycle.Funcs{
+		StopFunc: func(ctx context.Context) error {
+			d, _ := ctx.Deadline()
+			left <- time.Until(d)
+			return nil
+		},
+	}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	for !g.Ready() {
+		time.Sleep(time.Millisecond) // polling interval
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// 800 ms minus the hard-stop window (a quarter): about 600 ms.
+	if d := <-left; d < 300*time.Millisecond {
+		t.Fatalf("the later stage got %s of its 800ms budget", d)
+	}
+}

@@ -258,7 +258,7 @@ func TestSecondSignalHardStops(t *testing.T) {
 // because a cut-off is the designed outcome.
 func TestOverrunningStageIsCutOff(t *testing.T) {
 	t.Parallel()
-	p := startHelper(t, "1h", "slow:200ms:hang,stuck:200ms:stuck,next:1s:ok")
+	p := startHelper(t, "1h", "slow:2s:hang,stuck:1s:stuck,next:1s:ok")
 	p.expect("event start next", "event start stuck", "event start slow")
 	p.signal(syscall.SIGINT)
 	lines, code := p.rest()
