@@ -45,6 +45,7 @@ const (
 	MismatchStatusDefault    = http.StatusConflict
 	PurgeIntervalDefault     = time.Minute
 	PurgeBatchDefault        = 500
+	ReplayCacheBytesDefault  = 8 << 20
 	// HeaderName is the request header carrying the key.
 	HeaderName = "Idempotency-Key"
 	// ReplayedHeader is set to "true" on every replayed response.
@@ -110,6 +111,14 @@ type Config struct {
 	// not: replays of it have an empty body. Defaults to
 	// MaxResponseBodyDefault (1 MiB).
 	MaxResponseBody int
+
+	// ReplayCacheBytes bounds an in-process cache of completed records seen
+	// on replay, so that repeated retries of a completed key are answered
+	// without a store round trip. An entry lives no longer than the record's
+	// remaining retention (completed records never change before they
+	// expire). Negative disables the cache. Defaults to
+	// ReplayCacheBytesDefault (8 MiB).
+	ReplayCacheBytes int64
 
 	// FingerprintHeaders are request headers included in the fingerprint.
 	// Defaults to none.
@@ -237,6 +246,9 @@ func (c *Config) withDefaults() (*config, error) {
 	}
 	if cc.MaxResponseBody == 0 {
 		cc.MaxResponseBody = MaxResponseBodyDefault
+	}
+	if cc.ReplayCacheBytes == 0 {
+		cc.ReplayCacheBytes = ReplayCacheBytesDefault
 	}
 	if cc.StoreStatus == nil {
 		cc.StoreStatus = DefaultStoreStatus

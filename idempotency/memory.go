@@ -48,7 +48,7 @@ func (s *MemoryStore) Claim(ctx context.Context, c Claim) (ClaimResult, error) {
 		case rec.fp != c.Fingerprint:
 			return ClaimResult{Outcome: OutcomeMismatch}, nil
 		case rec.state == "completed":
-			return ClaimResult{Outcome: OutcomeCompleted, Response: cloneResponse(rec.resp)}, nil
+			return ClaimResult{Outcome: OutcomeCompleted, Response: cloneResponse(rec.resp), ExpiresIn: rec.expiresAt.Sub(now)}, nil
 		case rec.state == "claimed" && now.Before(rec.lockedUntil):
 			return ClaimResult{Outcome: OutcomeInProgress, RetryAfter: rec.lockedUntil.Sub(now)}, nil
 		case rec.state == "claimed":

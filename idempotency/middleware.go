@@ -20,6 +20,7 @@ type Middleware struct {
 	store Store
 	txs   TxStore
 	cfg   *config
+	cache *replayCache
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -37,7 +38,7 @@ func New(store Store, cfg *Config) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Middleware{store: store, cfg: c}
+	m := &Middleware{store: store, cfg: c, cache: newReplayCache(c.ReplayCacheBytes)}
 	if c.Mode == ModeTransactional {
 		txs, ok := store.(TxStore)
 		if !ok {
@@ -118,6 +119,14 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		Lease:       m.cfg.Lease,
 		Retention:   m.cfg.Retention,
 	}
+	if e := m.cache.get(rq.claim.Key, time.Now()); e != nil {
+		res := ClaimResult{Outcome: OutcomeMismatch}
+		if e.fp == rq.claim.Fingerprint {
+			res = ClaimResult{Outcome: OutcomeCompleted, Response: e.resp}
+		}
+		m.answer(w, r, rq, res, nil)
+		return
+	}
 	if m.cfg.Mode == ModeTransactional {
 		m.serveTx(next, w, r, rq)
 		return
@@ -192,6 +201,7 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, rq *request,
 	}
 	switch res.Outcome {
 	case OutcomeCompleted:
+		m.cache.put(rq.claim.Key, rq.claim.Fingerprint, res.Response, res.ExpiresIn, time.Now())
 		e.Kind, e.Status = EventReplay, res.Response.Status
 		m.hook(ctx, e)
 		writeResponse(w, res.Response, true)

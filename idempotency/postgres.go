@@ -55,7 +55,7 @@ func (s *PostgresStore) Claim(ctx context.Context, c Claim) (ClaimResult, error)
 		if err != nil {
 			return ClaimResult{}, fmt.Errorf("idempotency: claim: %w", err)
 		}
-		res, retry, err := claimResult(row.Outcome, row.Fence, row.RetryAfterUs, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
+		res, retry, err := claimResult(row.Outcome, row.Fence, row.RetryAfterUs, row.ExpiresInUs, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
 		if err != nil || !retry {
 			return res, err
 		}
@@ -63,7 +63,7 @@ func (s *PostgresStore) Claim(ctx context.Context, c Claim) (ClaimResult, error)
 	return ClaimResult{Outcome: OutcomeInProgress, RetryAfter: time.Second}, nil
 }
 
-func claimResult(outcome string, fence, retryUs int64, status int32, headers, body []byte) (ClaimResult, bool, error) {
+func claimResult(outcome string, fence, retryUs, expiresUs int64, status int32, headers, body []byte) (ClaimResult, bool, error) {
 	switch outcome {
 	case "claimed":
 		return ClaimResult{Outcome: OutcomeClaimed, Fence: fence}, false, nil
@@ -87,7 +87,7 @@ func claimResult(outcome string, fence, retryUs int64, status int32, headers, bo
 				return ClaimResult{}, false, fmt.Errorf("idempotency: stored headers: %w", err)
 			}
 		}
-		return ClaimResult{Outcome: OutcomeCompleted, Response: resp}, false, nil
+		return ClaimResult{Outcome: OutcomeCompleted, Response: resp, ExpiresIn: time.Duration(expiresUs) * time.Microsecond}, false, nil
 	case "retry":
 		return ClaimResult{}, true, nil
 	}
@@ -176,7 +176,7 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, c Claim) (pgx.Tx, ClaimR
 		b.Queue("begin")
 		b.Queue(dbsqlc.TxLockSQL, lockID(c.Key)).QueryRow(func(r pgx.Row) error { return r.Scan(&got) })
 		b.Queue(dbsqlc.TxReadSQL, dbsqlc.TxReadArgs(readArgs)...).QueryRow(func(r pgx.Row) error {
-			return r.Scan(&row.Outcome, &row.RetryAfterUs, &row.ResponseStatus, &row.ResponseHeaders, &row.ResponseBody)
+			return r.Scan(&row.Outcome, &row.RetryAfterUs, &row.ExpiresInUs, &row.ResponseStatus, &row.ResponseHeaders, &row.ResponseBody)
 		})
 		if err := pt.conn.SendBatch(ctx, b).Close(); err != nil {
 			// A failed batch leaves the transaction aborted (or never
@@ -207,7 +207,7 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, c Claim) (pgx.Tx, ClaimR
 		// yet, so we cannot see it (nor compare fingerprints).
 		outcome = "in_progress"
 	}
-	res, _, err := claimResult(outcome, 0, row.RetryAfterUs, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
+	res, _, err := claimResult(outcome, 0, row.RetryAfterUs, row.ExpiresInUs, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
 	if err == nil && (res.Outcome == OutcomeClaimed || res.Outcome == OutcomeTookOver) {
 		return tx, res, nil
 	}

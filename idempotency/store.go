@@ -97,6 +97,10 @@ type ClaimResult struct {
 	// RetryAfter is what is left of the owner's lease when Outcome is
 	// OutcomeInProgress.
 	RetryAfter time.Duration
+	// ExpiresIn is what is left of the record's retention when Outcome is
+	// OutcomeCompleted (0 if unknown). A completed record never changes
+	// before it expires, so its response may be cached for that long.
+	ExpiresIn time.Duration
 }
 
 // Response is a stored response.

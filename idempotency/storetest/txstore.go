@@ -2,6 +2,8 @@ package storetest
 
 import (
 	"context"
+	"errors"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -25,6 +27,7 @@ func RunTx(t *testing.T, newStore func(t *testing.T) idempotency.TxStore) {
 		{"TxRollbackLeavesNoTrace", testTxRollback},
 		{"TxConcurrentClaimsOneWinnerNoWait", testTxConcurrent},
 		{"TxNotClaimedLeavesNoTx", testTxNotClaimed},
+		{"TxCommitFencedByTwoStepClaim", testTxFencedByTwoStep},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -36,23 +39,31 @@ func RunTx(t *testing.T, newStore func(t *testing.T) idempotency.TxStore) {
 func beginClaim(t *testing.T, s idempotency.TxStore, c idempotency.Claim, want idempotency.Outcome) (pgx.Tx, idempotency.ClaimResult) {
 	t.Helper()
 	tx, res, err := s.BeginClaim(t.Context(), c)
+	rollbackAtEnd(t, tx)
 	if err != nil {
 		t.Fatalf("BeginClaim: %v", err)
 	}
 	if res.Outcome != want {
-		if tx != nil {
-			_ = tx.Rollback(context.WithoutCancel(t.Context()))
-		}
 		t.Fatalf("BeginClaim outcome %s, want %s", res.Outcome, want)
 	}
 	owns := want == idempotency.OutcomeClaimed || want == idempotency.OutcomeTookOver
 	if owns != (tx != nil) {
 		t.Fatalf("BeginClaim %s returned tx %v: an open transaction exactly when the key is owned", res.Outcome, tx)
 	}
-	if owns && res.Fence <= 0 {
+	// Fence may be 0 here: the transaction is the fence.
+	if res.Fence < 0 {
 		t.Fatalf("%s with fence %d", res.Outcome, res.Fence)
 	}
 	return tx, res
+}
+
+// rollbackAtEnd ends tx when the test ends, whatever happened: an open
+// transaction would hold its connection, and the store's pool could never
+// close. Rolling back a committed transaction does nothing.
+func rollbackAtEnd(t *testing.T, tx pgx.Tx) {
+	if tx != nil {
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	}
 }
 
 func testTxCommit(t *testing.T, s idempotency.TxStore) {
@@ -108,6 +119,7 @@ func testTxConcurrent(t *testing.T, s idempotency.TxStore) {
 			tx, res, err := s.BeginClaim(ctx, claimOf(k, fp("a"), Long, Long))
 			mu.Lock()
 			defer mu.Unlock()
+			rollbackAtEnd(t, tx)
 			if err != nil {
 				errs = append(errs, err)
 				return
@@ -122,15 +134,9 @@ func testTxConcurrent(t *testing.T, s idempotency.TxStore) {
 	close(start)
 	wg.Wait()
 	if len(errs) > 0 {
-		for _, tx := range won {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
 		t.Fatalf("%d of %d racing BeginClaims failed (a racer that waits for the winner's transaction times out), first: %v", len(errs), Racers, errs[0])
 	}
 	if len(won) != 1 || counts[idempotency.OutcomeClaimed] != 1 || counts[idempotency.OutcomeInProgress] != Racers-1 {
-		for _, tx := range won {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
 		t.Fatalf("%d racing transactional claims: %v with %d open transactions, want exactly 1 claimed and %d in progress", Racers, counts, len(won), Racers-1)
 	}
 	if err := s.CommitComplete(ctx, won[0], k, fence, sampleResponse(), Long); err != nil {
@@ -147,4 +153,38 @@ func testTxNotClaimed(t *testing.T, s idempotency.TxStore) {
 		t.Fatal(err)
 	}
 	beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
+}
+
+// testTxFencedByTwoStep: a transactional claim writes nothing until it
+// commits, so a two-step claim of the same key meanwhile wins the key; the
+// transactional commit must then fail with ErrFenced (rolling back its
+// writes) and the two-step owner's result stands.
+func testTxFencedByTwoStep(t *testing.T, s idempotency.TxStore) {
+	k := newKey(t)
+	tx, r := beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeClaimed)
+	res, err := s.Claim(t.Context(), claimOf(k, fp("a"), Long, Long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch res.Outcome {
+	case idempotency.OutcomeInProgress:
+		// The store makes two-step claims see the open transaction: the
+		// transactional owner keeps the key.
+		if err := s.CommitComplete(t.Context(), tx, k, r.Fence, sampleResponse(), Long); err != nil {
+			t.Fatalf("CommitComplete: %v", err)
+		}
+		mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
+	case idempotency.OutcomeClaimed:
+		other := &idempotency.Response{Status: http.StatusAccepted, Body: []byte("two-step")}
+		if err := s.Complete(t.Context(), k, res.Fence, other, Long); err != nil {
+			t.Fatalf("two-step Complete: %v", err)
+		}
+		if err := s.CommitComplete(t.Context(), tx, k, r.Fence, sampleResponse(), Long); !errors.Is(err, idempotency.ErrFenced) {
+			t.Fatalf("CommitComplete after a two-step owner completed: %v, want ErrFenced", err)
+		}
+		got := mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
+		sameResponse(t, got.Response, other)
+	default:
+		t.Fatalf("two-step Claim while a transactional claim is open: %s, want claimed or in_progress", res.Outcome)
+	}
 }

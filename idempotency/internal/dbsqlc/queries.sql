@@ -57,6 +57,7 @@ SELECT
     END)::text AS outcome,
     COALESCE(c.fence, 0)::bigint AS fence,
     COALESCE((EXTRACT(EPOCH FROM (p.locked_until - now())) * 1000000)::bigint, 0)::bigint AS retry_after_us,
+    COALESCE((EXTRACT(EPOCH FROM (p.expires_at - now())) * 1000000)::bigint, 0)::bigint AS expires_in_us,
     COALESCE(p.response_status, 0)::integer AS response_status,
     p.response_headers,
     p.response_body
@@ -95,6 +96,7 @@ SELECT
         ELSE 'in_progress'
     END)::text AS outcome,
     COALESCE((EXTRACT(EPOCH FROM (p.locked_until - now())) * 1000000)::bigint, 0)::bigint AS retry_after_us,
+    COALESCE((EXTRACT(EPOCH FROM (p.expires_at - now())) * 1000000)::bigint, 0)::bigint AS expires_in_us,
     COALESCE(p.response_status, 0)::integer AS response_status,
     p.response_headers,
     p.response_body

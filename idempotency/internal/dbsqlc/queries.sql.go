@@ -49,6 +49,7 @@ SELECT
     END)::text AS outcome,
     COALESCE(c.fence, 0)::bigint AS fence,
     COALESCE((EXTRACT(EPOCH FROM (p.locked_until - now())) * 1000000)::bigint, 0)::bigint AS retry_after_us,
+    COALESCE((EXTRACT(EPOCH FROM (p.expires_at - now())) * 1000000)::bigint, 0)::bigint AS expires_in_us,
     COALESCE(p.response_status, 0)::integer AS response_status,
     p.response_headers,
     p.response_body
@@ -68,6 +69,7 @@ type ClaimRow struct {
 	Outcome         string
 	Fence           int64
 	RetryAfterUs    int64
+	ExpiresInUs     int64
 	ResponseStatus  int32
 	ResponseHeaders []byte
 	ResponseBody    []byte
@@ -104,6 +106,7 @@ func (q *Queries) Claim(ctx context.Context, arg ClaimParams) (ClaimRow, error) 
 		&i.Outcome,
 		&i.Fence,
 		&i.RetryAfterUs,
+		&i.ExpiresInUs,
 		&i.ResponseStatus,
 		&i.ResponseHeaders,
 		&i.ResponseBody,
@@ -275,6 +278,7 @@ SELECT
         ELSE 'in_progress'
     END)::text AS outcome,
     COALESCE((EXTRACT(EPOCH FROM (p.locked_until - now())) * 1000000)::bigint, 0)::bigint AS retry_after_us,
+    COALESCE((EXTRACT(EPOCH FROM (p.expires_at - now())) * 1000000)::bigint, 0)::bigint AS expires_in_us,
     COALESCE(p.response_status, 0)::integer AS response_status,
     p.response_headers,
     p.response_body
@@ -290,6 +294,7 @@ type TxReadParams struct {
 type TxReadRow struct {
 	Outcome         string
 	RetryAfterUs    int64
+	ExpiresInUs     int64
 	ResponseStatus  int32
 	ResponseHeaders []byte
 	ResponseBody    []byte
@@ -308,6 +313,7 @@ func (q *Queries) TxRead(ctx context.Context, arg TxReadParams) (TxReadRow, erro
 	err := row.Scan(
 		&i.Outcome,
 		&i.RetryAfterUs,
+		&i.ExpiresInUs,
 		&i.ResponseStatus,
 		&i.ResponseHeaders,
 		&i.ResponseBody,
