@@ -252,8 +252,10 @@ func TestContextDeadlineStopsRetries(t *testing.T) {
 		if !errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &ie) {
 			t.Fatalf("err = %v, want *Error with context.DeadlineExceeded", err)
 		}
-		if n := len(s.attempts()); ie.Attempts != n || n >= 1_000_000 || n < 1 {
-			t.Errorf("Attempts %d, server saw %d; want equal, ≥1 and far below MaxAttempts", ie.Attempts, n)
+		// The deadline may cut the last attempt before the server records
+		// it, so the server may have seen one fewer.
+		if n := len(s.attempts()); (ie.Attempts != n && ie.Attempts != n+1) || ie.Attempts >= 1_000_000 || n < 1 {
+			t.Errorf("Attempts %d, server saw %d; want equal (or one more), ≥1 and far below MaxAttempts", ie.Attempts, n)
 		}
 		if !idemclient.IsRetryable(err) {
 			t.Errorf("IsRetryable = false; an unknown outcome is retryable later")
