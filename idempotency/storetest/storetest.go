@@ -219,6 +219,17 @@ func testCompleteThenReplay(t *testing.T, s idempotency.Store) {
 	for range 2 {
 		got := mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
 		sameResponse(t, got.Response, sampleResponse())
+		expiresWithin(t, got, Long)
+	}
+}
+
+// expiresWithin checks ExpiresIn of a completed result: unknown (0) or what
+// is left of a retention of at most max. Too long would let a cache replay
+// a record past its expiry.
+func expiresWithin(t *testing.T, res idempotency.ClaimResult, max time.Duration) {
+	t.Helper()
+	if res.ExpiresIn < 0 || res.ExpiresIn > max {
+		t.Fatalf("completed with ExpiresIn %s, want 0 (unknown) or in (0, %s]", res.ExpiresIn, max)
 	}
 }
 
@@ -452,7 +463,7 @@ func testRetentionExpiry(t *testing.T, s idempotency.Store) {
 	if err := s.Complete(t.Context(), k, r.Fence, sampleResponse(), Retention); err != nil {
 		t.Fatal(err)
 	}
-	mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
+	expiresWithin(t, mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted), Retention)
 	var fresh idempotency.ClaimResult
 	eventually(t, "the key to expire", func() bool {
 		res, err := s.Claim(t.Context(), claimOf(k, fp("b"), Long, Long))
@@ -492,6 +503,9 @@ func testCompleteRetention(t *testing.T, s idempotency.Store) {
 	})
 	got := mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
 	sameResponse(t, got.Response, sampleResponse())
+	if got.ExpiresIn != 0 && got.ExpiresIn <= Retention {
+		t.Fatalf("ExpiresIn %s: counted from the claim's retention, not the completion's %s", got.ExpiresIn, Long)
+	}
 }
 
 // testPurge: expired records go in batches of at most limit; live ones
