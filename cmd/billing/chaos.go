@@ -11,7 +11,6 @@ import (
 
 	"github.com/idemkit/idem/examples/billing/chaos"
 	"github.com/idemkit/idem/internal/cli"
-	"github.com/idemkit/idem/internal/pgtemp"
 )
 
 func init() {
@@ -140,25 +139,14 @@ func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error
 		return fmt.Errorf("locate the billing binary: %w", err)
 	}
 
-	base := os.Getenv("DATABASE_URL")
-	switch {
-	case base != "":
-		if err := chaos.Reachable(ctx, base, 10*time.Second); err != nil {
-			return fmt.Errorf("database %s is unreachable: %v", cli.Redact(base), err)
-		}
-	case chaos.Reachable(ctx, cli.DefaultDatabaseURL, 3*time.Second) == nil:
-		base = cli.DefaultDatabaseURL
-	case pgtempFallback:
-		logf("no DATABASE_URL and no server on 127.0.0.1:5432: starting a throwaway PostgreSQL cluster")
-		pg, err := pgtemp.Start(ctx, nil)
-		if err != nil {
-			return err
-		}
-		defer pg.Close()
-		base = pg.URL
-	default:
+	base, stopDB, err := chaos.ResolveDatabase(ctx, os.Getenv("DATABASE_URL"), cli.DefaultDatabaseURL, pgtempFallback, logf)
+	if errors.Is(err, chaos.ErrNoDatabase) {
 		return fmt.Errorf("no DATABASE_URL and no PostgreSQL on 127.0.0.1:5432 (billing demo starts a throwaway one)")
 	}
+	if err != nil {
+		return err
+	}
+	defer stopDB()
 	dbURL, drop, err := chaos.FreshSchema(ctx, base)
 	if err != nil {
 		return err

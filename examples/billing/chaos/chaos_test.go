@@ -147,3 +147,54 @@ func TestCLIFlags(t *testing.T) {
 		}
 	}
 }
+
+// The embedded defaults: DATABASE_URL when set; the local server when it
+// answers; else a throwaway cluster (billing demo on a fresh machine).
+func TestResolveDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const dead = "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=2"
+	live := testdb.URL()
+
+	u, stop, err := ResolveDatabase(ctx, live, dead, false, nil)
+	stop()
+	if err != nil || u != live {
+		t.Fatalf("DATABASE_URL set: %q %v", u, err)
+	}
+	if _, stop, err := ResolveDatabase(ctx, dead, live, true, nil); err == nil {
+		stop()
+		t.Fatal("an unreachable DATABASE_URL fell back to something else")
+	}
+	u, stop, err = ResolveDatabase(ctx, "", live, false, nil)
+	stop()
+	if err != nil || u != live {
+		t.Fatalf("local server: %q %v", u, err)
+	}
+	if _, _, err := ResolveDatabase(ctx, "", dead, false, nil); !errors.Is(err, ErrNoDatabase) {
+		t.Fatalf("no server, no fallback: %v, want ErrNoDatabase", err)
+	}
+	u, stop, err = ResolveDatabase(ctx, "", dead, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Reachable(ctx, u, 10*time.Second); err != nil {
+		stop()
+		t.Fatalf("throwaway cluster %s does not answer: %v", u, err)
+	}
+	// A fresh schema on it works as on any server.
+	su, drop, err := FreshSchema(ctx, u)
+	if err != nil {
+		stop()
+		t.Fatal(err)
+	}
+	if err := Reachable(ctx, su, 10*time.Second); err != nil {
+		t.Error(err)
+	}
+	if err := drop(ctx); err != nil {
+		t.Error(err)
+	}
+	stop()
+	if err := Reachable(ctx, u, 3*time.Second); err == nil {
+		t.Fatal("throwaway cluster still answers after stop")
+	}
+}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/internal/pgtemp"
 )
 
 // ErrNoIdem means no idem binary could be found or built.
@@ -101,4 +103,38 @@ func FreshSchema(ctx context.Context, baseURL string) (string, func(context.Cont
 	u.RawQuery = q.Encode()
 	drop := func(ctx context.Context) error { return exec(ctx, "DROP SCHEMA "+schema+" CASCADE") }
 	return u.String(), drop, nil
+}
+
+// ErrNoDatabase means neither the given URL nor the local server answers,
+// and no throwaway cluster was allowed.
+var ErrNoDatabase = errors.New("chaos: no PostgreSQL: DATABASE_URL is empty and the local server does not answer")
+
+// ResolveDatabase applies the embedded defaults of ARCHITECTURE.md:
+// envURL (DATABASE_URL) when set, which must answer; else localURL (the
+// local server) when it answers; else, with allowTemp, a throwaway cluster
+// from the local PostgreSQL binaries (package pgtemp). The returned
+// function stops what was started; it is never nil.
+func ResolveDatabase(ctx context.Context, envURL, localURL string, allowTemp bool, logf func(string, ...any)) (string, func(), error) {
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	nothing := func() {}
+	if envURL != "" {
+		if err := Reachable(ctx, envURL, 10*time.Second); err != nil {
+			return "", nothing, fmt.Errorf("chaos: DATABASE_URL does not answer: %w", err)
+		}
+		return envURL, nothing, nil
+	}
+	if Reachable(ctx, localURL, 3*time.Second) == nil {
+		return localURL, nothing, nil
+	}
+	if !allowTemp {
+		return "", nothing, ErrNoDatabase
+	}
+	logf("no DATABASE_URL and no local server: starting a throwaway PostgreSQL cluster from the local binaries")
+	pg, err := pgtemp.Start(ctx, nil)
+	if err != nil {
+		return "", nothing, err
+	}
+	return pg.URL, func() { _ = pg.Close() }, nil
 }
