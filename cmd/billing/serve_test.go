@@ -290,14 +290,20 @@ var problemCode = regexp.MustCompile(`"code":"([A-Z_]+)"`)
 // TestBadInputIsProblemAndWritesNothing proves that every kind of bad input
 // is answered with a problem+json 4xx carrying its code, and that none of
 // it writes a row, an event or a charge: at the end billing holds exactly
-// the one valid order, its one OrderConfirmed event, and the ledger its one
-// charge.
+// the two valid orders (one confirmed, one still NEW: confirming it with a
+// key already used for the other is refused), one OrderConfirmed event, and
+// the ledger one charge.
 func TestBadInputIsProblemAndWritesNothing(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, nil)
 	p := startServe(t, s.env)
 	c := newClient(p.Addr, aliceToken)
 	id := createConfirm(t, c, 1)
+	r := c.must(t, "POST", "/orders", "create-other", `{"customer_id":"c2","total_kopecks":300}`)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("second order: %d %s", r.Status, r.Body)
+	}
+	other := r.json(t)["id"].(string)
 	noAuth := newClient(p.Addr, "")
 	wrongAuth := newClient(p.Addr, "not-a-token")
 	bob := newClient(p.Addr, "bob-token")
@@ -330,6 +336,7 @@ func TestBadInputIsProblemAndWritesNothing(t *testing.T) {
 		{"payment other customer", c, "POST", "/payments", "k14", `{"order_id":"` + id + `","customer_id":"c2","amount_kopecks":10}`, 422, "VALIDATION_FAILED"},
 		{"payment malformed", c, "POST", "/payments", "k15", `[1,2]`, 400, "MALFORMED_JSON"},
 		{"key reused, other body", c, "POST", "/orders", "create-1", `{"customer_id":"c1","total_kopecks":5}`, 409, "IDEMPOTENCY_KEY_REUSED"},
+		{"key reused, other order", c, "POST", "/orders/" + other + "/confirm", "confirm-1", "", 409, "IDEMPOTENCY_KEY_REUSED"},
 		{"unknown order GET", c, "GET", "/orders/ord_nope", "", "", 404, "ORDER_NOT_FOUND"},
 		{"unknown payment GET", c, "GET", "/payments/pay_nope", "", "", 404, "PAYMENT_NOT_FOUND"},
 		{"unknown route", c, "GET", "/nope", "", "", 404, "NOT_FOUND"},
@@ -342,12 +349,13 @@ func TestBadInputIsProblemAndWritesNothing(t *testing.T) {
 		}
 	}
 
-	// The one valid order is charged once; wait for it, then prove that
+	// The one confirmed order is charged once; wait for it, then prove that
 	// nothing else was written, emitted or charged.
 	s.waitCount(t, 1, `SELECT count(*) FROM orders WHERE status = 'CHARGED'`)
 	s.waitCount(t, 0, `SELECT count(*) FROM outbox_event WHERE status <> 'PUBLISHED'`)
 	for sql, want := range map[string]int{
-		`SELECT count(*) FROM orders`:                                           1,
+		`SELECT count(*) FROM orders`:                                           2,
+		`SELECT count(*) FROM orders WHERE status = 'NEW'`:                      1,
 		`SELECT count(*) FROM payments`:                                         0,
 		`SELECT count(*) FROM outbox_event WHERE event_type = 'OrderConfirmed'`: 1,
 		`SELECT count(*) FROM outbox_event`:                                     2, // OrderConfirmed + its ChargeRequested
