@@ -1,0 +1,58 @@
+package idemtest_test
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"testing"
+
+	"github.com/idemkit/idem/examples/billing/adapters/in/httpapi"
+	"github.com/idemkit/idem/examples/billing/adapters/out/postgres"
+	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/testdb"
+)
+
+// TestBillingHTTP runs the suite against the reference service's HTTP API
+// (POST /orders, transactional mode, bearer-token principals) on real
+// PostgreSQL, counting executions in its orders table. Billing has no fault
+// switch, no Gate and a 24h retention: server-error-released and expiry
+// skip, and retry-after passes or skips depending on whether a racing
+// request meets the open claim; nothing may fail.
+func TestBillingHTTP(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, testdb.MaxConns(16))
+	if err := postgres.Migrate(t.Context(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := httpapi.NewHandler(httpapi.Config{
+		DB:      db.Pool,
+		Tokens:  []httpapi.Token{{Secret: "alice-token", Principal: "alice"}, {Secret: "bob-token", Principal: "bob"}},
+		Ready:   http.NotFoundHandler(),
+		Metrics: httpapi.NewMetrics(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := idemtest.Run(t.Context(), idemtest.Target{
+		Handler:    h,
+		Path:       "/orders",
+		Body:       []byte(`{"customer_id":"c1","total_kopecks":1000}`),
+		Header:     http.Header{"Authorization": {"Bearer alice-token"}},
+		PrincipalB: http.Header{"Authorization": {"Bearer bob-token"}},
+		Count: func(ctx context.Context) (int64, error) {
+			var n int64
+			err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n)
+			return n, err
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		t.Log(r)
+	}
+	skipped := slices.DeleteFunc(rep.Names(idemtest.Skip), func(n string) bool { return n == idemtest.CheckRetryAfter })
+	if want := []string{idemtest.CheckServerErrorReleased, idemtest.CheckExpiry}; rep.Failed() || !slices.Equal(skipped, want) {
+		t.Fatalf("failed %v skipped %v, want none failed and %v skipped", rep.Names(idemtest.Fail), rep.Names(idemtest.Skip), want)
+	}
+}
