@@ -467,6 +467,8 @@ func (r *run) fillReport() {
 	rep.BrokerRestarts = int(r.brokerRestarts.Load())
 	rep.Stopped.HTTPReplays = d.replays.Load()
 	rep.Stopped.HTTPInProgress = d.inProgress.Load()
+	rep.Stopped.Fingerprint = d.reuseRejected.Load()
+	rep.Stopped.FingerprintProbes = d.reuseProbes.Load()
 	rep.Stopped.HTTPServerReplays, rep.Stopped.Inbox, rep.Stopped.Provider = -1, -1, -1
 	if r.scr.has(MetricIdempotencyEvents, `kind="replay"`) {
 		rep.Stopped.HTTPServerReplays = int64(r.scr.total(MetricIdempotencyEvents, `kind="replay"`))

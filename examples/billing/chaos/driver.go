@@ -59,16 +59,18 @@ type driver struct {
 	payments  []*payment
 	latencies []time.Duration
 
-	ops          atomic.Int64 // POSTs with a final answer
-	requests     atomic.Int64 // HTTP attempts
-	retries      atomic.Int64 // attempts after the first, per POST
-	replays      atomic.Int64 // answers with Idempotent-Replayed: true
-	inProgress   atomic.Int64 // 409 IDEMPOTENCY_KEY_IN_PROGRESS
-	clientDrops  atomic.Int64 // answers discarded on purpose
-	duplicates   atomic.Int64 // concurrent duplicates sent
-	freshKeys    atomic.Int64 // unsafe=key: keys minted for a retry
-	transportErr atomic.Int64
-	status5xx    atomic.Int64
+	ops           atomic.Int64 // POSTs with a final answer
+	requests      atomic.Int64 // HTTP attempts
+	retries       atomic.Int64 // attempts after the first, per POST
+	replays       atomic.Int64 // answers with Idempotent-Replayed: true
+	inProgress    atomic.Int64 // 409 IDEMPOTENCY_KEY_IN_PROGRESS
+	clientDrops   atomic.Int64 // answers discarded on purpose
+	duplicates    atomic.Int64 // concurrent duplicates sent
+	freshKeys     atomic.Int64 // unsafe=key: keys minted for a retry
+	reuseProbes   atomic.Int64 // keys sent again with another body
+	reuseRejected atomic.Int64 // ... and refused with IDEMPOTENCY_KEY_REUSED
+	transportErr  atomic.Int64
+	status5xx     atomic.Int64
 }
 
 func newDriver(cfg *Config, runID string, instances []*proc, report func(Violation)) *driver {
@@ -198,6 +200,50 @@ func (d *driver) runTask(ctx context.Context, t task) {
 	d.mu.Lock()
 	d.payments = append(d.payments, &payment{ID: pay.ID, OrderID: o.ID, CustomerID: cust, Amount: amount})
 	d.mu.Unlock()
+	if d.cfg.Unsafe != UnsafeKey && (t.n == 0 || t.rng.Float64() < reuseRate) {
+		body, _ = json.Marshal(map[string]any{"order_id": o.ID, "customer_id": cust, "amount_kopecks": amount + 1})
+		d.probeReuse(ctx, t.rng, "/payments", body, d.key("payment", t.n, "create"))
+	}
+}
+
+// reuseRate is the share of payments whose key the driver then reuses with
+// another amount, a client bug the fingerprint check must refuse.
+const reuseRate = 0.1
+
+// probeReuse sends body under a key already used with another body. The
+// only right answer is IDEMPOTENCY_KEY_REUSED (409, or 422 per the IETF
+// draft): a replay would tell the client that its second amount was
+// accepted when the first was charged, and a fresh execution would charge
+// twice. The answer is not recorded as a replay of the key.
+func (d *driver) probeReuse(ctx context.Context, rng *rand.Rand, path string, body []byte, key string) {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.OpTimeout)
+	defer cancel()
+	d.reuseProbes.Add(1)
+	last := -1
+	for attempt := 0; ; attempt++ {
+		inst, err := d.pick(ctx, rng, last)
+		if err != nil {
+			d.report(Violation{Kind: "no-final-answer", Subject: path, Detail: fmt.Sprintf("key %s reused: %v", key, err)})
+			return
+		}
+		last = inst
+		d.requests.Add(1)
+		st, _, resp, err := d.do(ctx, d.instances[inst].addr, path, body, key)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			d.report(Violation{Kind: "no-final-answer", Subject: path, Detail: fmt.Sprintf("key %s reused: %v", key, err)})
+			return
+		case err != nil, st >= 500, problemCode(resp) == "IDEMPOTENCY_KEY_IN_PROGRESS":
+			backoff(ctx, rng, attempt)
+			continue
+		case (st == http.StatusConflict || st == http.StatusUnprocessableEntity) && problemCode(resp) == "IDEMPOTENCY_KEY_REUSED":
+			d.reuseRejected.Add(1)
+			return
+		}
+		d.report(Violation{Kind: "key-reuse-accepted", Subject: path,
+			Detail: fmt.Sprintf("key %s sent again with another body got %d %s, want 409 IDEMPOTENCY_KEY_REUSED", key, st, clip(resp))})
+		return
+	}
 }
 
 func (d *driver) key(kind string, n int, step string) string {

@@ -20,7 +20,8 @@ import (
 // loses some answers after doing the work (503), the way a crash after the
 // commit does.
 type standin struct {
-	loseRate float64
+	loseRate      float64
+	noFingerprint bool
 
 	mu       sync.Mutex
 	rng      *rand.Rand
@@ -31,6 +32,7 @@ type standin struct {
 }
 
 type standinEntry struct {
+	req    string
 	done   bool
 	status int
 	body   []byte
@@ -65,6 +67,12 @@ func (s *standin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	s.mu.Lock()
 	if e, ok := s.keys[key]; ok {
+		if e.req != string(body) && !s.noFingerprint {
+			s.mu.Unlock()
+			w.WriteHeader(http.StatusConflict)
+			io.WriteString(w, `{"code":"IDEMPOTENCY_KEY_REUSED"}`)
+			return
+		}
 		done, status, body := e.done, e.status, e.body
 		s.mu.Unlock()
 		if !done {
@@ -78,7 +86,7 @@ func (s *standin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Write(body)
 		return
 	}
-	e := &standinEntry{}
+	e := &standinEntry{req: string(body)}
 	s.keys[key] = e
 	s.mu.Unlock()
 	// Hold the key a moment: concurrent duplicates see it in progress.
@@ -142,6 +150,7 @@ func (s *standin) ledger() []charge {
 func runStandin(t *testing.T, unsafe string) (*driver, *standin, auditResult, []Violation) {
 	t.Helper()
 	s := newStandin(0.1)
+	s.noFingerprint = unsafe == UnsafeFingerprint
 	var procs []*proc
 	for i := range 3 {
 		srv := httptest.NewServer(s)
@@ -200,6 +209,9 @@ func TestDriverSafeKeysMakeEveryRetryHarmless(t *testing.T) {
 	if res.orders != 40 || res.payments != 20 || res.charged != 60 {
 		t.Fatalf("audit counts %+v", res)
 	}
+	if d.reuseProbes.Load() == 0 || d.reuseRejected.Load() != d.reuseProbes.Load() {
+		t.Fatalf("fingerprint probes %d, refused %d", d.reuseProbes.Load(), d.reuseRejected.Load())
+	}
 	if d.ops.Load() != 2*(40+20) {
 		t.Fatalf("ops %d, want 120", d.ops.Load())
 	}
@@ -239,5 +251,21 @@ func TestDriverReplayMustBeIdentical(t *testing.T) {
 	d.record("/orders", "k1", 409, []byte(`{"id":"a"}`))
 	if len(vs) != 2 || vs[0].Kind != "replay-differs" {
 		t.Fatalf("violations %+v, want two replay-differs", vs)
+	}
+}
+
+// A server that ignores the request fingerprint replays the first answer
+// to a key reused with another body: the driver's probe reports it.
+func TestDriverUnsafeFingerprintIsCaught(t *testing.T) {
+	t.Parallel()
+	_, _, _, vs := runStandin(t, UnsafeFingerprint)
+	found := false
+	for _, v := range vs {
+		if v.Kind == "key-reuse-accepted" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no key-reuse-accepted among %+v", vs)
 	}
 }

@@ -11,8 +11,8 @@ import (
 // Violation is one broken guarantee found by the run or its audit.
 type Violation struct {
 	// Kind is one of: double-charge, lost-charge, failed-but-charged,
-	// orphan-charge, not-final, replay-differs, unexpected-status,
-	// bad-response, no-final-answer.
+	// orphan-charge, not-final, replay-differs, key-reuse-accepted,
+	// unexpected-status, bad-response, no-final-answer.
 	Kind    string `json:"kind"`
 	Subject string `json:"subject"`
 	Detail  string `json:"detail"`
@@ -29,6 +29,10 @@ type Layers struct {
 	// (more than the driver saw: answers lost to kills were replayed too);
 	// -1 when billing does not export it.
 	HTTPServerReplays int64 `json:"http_server_replays"`
+	// Fingerprint: keys the driver reused with another body that billing
+	// refused with IDEMPOTENCY_KEY_REUSED, of FingerprintProbes sent.
+	Fingerprint       int64 `json:"fingerprint"`
+	FingerprintProbes int64 `json:"fingerprint_probes"`
 	// Inbox: redelivered Kafka events billing's inbox skipped (from
 	// billing's /metrics; -1 when billing does not export it).
 	Inbox int64 `json:"inbox"`
@@ -119,8 +123,10 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  failures    %d transport errors, %d 5xx seen by the client\n", r.TransportErrors, r.Status5xx)
 	fmt.Fprintf(w, "  chaos       %d SIGKILL, %d SIGTERM (%d unclean), %d restarts, %d broker restarts\n",
 		r.Kills, r.Terms, r.UncleanTerms, r.Restarts, r.BrokerRestarts)
-	fmt.Fprintf(w, "  stopped     HTTP key: %d replays + %d in-progress 409s seen by the client (%s replays counted by billing); inbox: %s; provider key: %s\n",
-		r.Stopped.HTTPReplays, r.Stopped.HTTPInProgress, unk(r.Stopped.HTTPServerReplays), unk(r.Stopped.Inbox), unk(r.Stopped.Provider))
+	fmt.Fprintf(w, "  stopped     HTTP key: %d replays + %d in-progress 409s seen by the client (%s replays counted by billing)\n",
+		r.Stopped.HTTPReplays, r.Stopped.HTTPInProgress, unk(r.Stopped.HTTPServerReplays))
+	fmt.Fprintf(w, "              fingerprint: %d of %d reused keys refused; inbox: %s redeliveries skipped; provider key: %s charges replayed\n",
+		r.Stopped.Fingerprint, r.Stopped.FingerprintProbes, unk(r.Stopped.Inbox), unk(r.Stopped.Provider))
 	fmt.Fprintf(w, "  latency     p50 %.1f ms, p99 %.1f ms per POST (retries included)\n", r.LatencyP50Ms, r.LatencyP99Ms)
 	fmt.Fprintf(w, "  time        load %.1fs, quiescence %.1fs\n", r.LoadSeconds, r.QuiescenceSeconds)
 	fmt.Fprintf(w, "  audit       %d confirmed orders + %d payments: %d CHARGED, %d FAILED; %d ledger charges\n",
