@@ -39,8 +39,8 @@ Examples:
   idem conformance --url http://127.0.0.1:8090/charges --body charge.json \
     --count-url http://127.0.0.1:8090/ledger
   idem conformance --url http://127.0.0.1:8080/orders --body order.json \
-    --header 'Authorization: Bearer demo-alice' \
-    --principal-b-header 'Authorization: Bearer demo-bob'`
+    --header 'Authorization: Bearer alice-token' \
+    --principal-b-header 'Authorization: Bearer bob-token'`
 
 // headerFlag collects repeated 'Name: value' flags.
 type headerFlag struct{ h http.Header }
@@ -67,7 +67,7 @@ func runConformance(ctx context.Context, args []string) error {
 	method := fs.String("method", http.MethodPost, "HTTP method of the endpoint")
 	bodyFile := fs.String("body", "", "`FILE` with a request body the endpoint accepts with a 2xx ('-' for stdin)")
 	altBodyFile := fs.String("alt-body", "", "`FILE` with a second valid body, for mismatch and expiry (default: --body with its first JSON number incremented)")
-	fs.Var(&headers, "header", "'Name: value' sent on every request (repeatable), e.g. 'Authorization: Bearer demo-alice'")
+	fs.Var(&headers, "header", "'Name: value' sent on every request (repeatable), e.g. 'Authorization: Bearer alice-token'")
 	fs.Var(&principalB, "principal-b-header", "'Name: value' set over --header to act as a second principal (repeatable); enables the principals check")
 	fs.Var(&slow, "slow-header", "'Name: value' that makes the endpoint slow (repeatable), sent on the requests racing for an in-progress answer (retry-after)")
 	fs.Var(&fault, "fault-header", "'Name: value' that makes the endpoint answer 5xx without executing (repeatable); enables server-error-released")
