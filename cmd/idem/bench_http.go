@@ -1,7 +1,7 @@
 package main
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -147,36 +147,19 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	defer func() { _ = srv.Shutdown(context.WithoutCancel(ctx)) }()
-	base := "http://" + ln.Addr().String()
-	client := &http.Client{Transport: &http.Transport{
-		MaxIdleConns:        clients * 2,
-		MaxIdleConnsPerHost: clients * 2,
-		MaxConnsPerHost:     clients * 2,
-		DisableCompression:  true,
-	}}
-	defer client.CloseIdleConnections()
+	// The load generator is a lean HTTP/1.1 keep-alive client (one
+	// connection per client, requests written by hand, responses parsed by
+	// net/http), like wrk or hey rather than net/http's Transport: client
+	// and server share the machine, and the figures should be the server's.
+	addr := ln.Addr().String()
+	conns := newBenchConns(addr, clients)
+	defer conns.close()
 
 	run := uniqueRun()
 	var seq atomic.Int64
 	newKey := func() string { return run + "-" + strconv.FormatInt(seq.Add(1), 10) }
 	send := func(ctx context.Context, path, key string, want int) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader([]byte(benchHTTPBody)))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-User", "bench")
-		req.Header.Set(idempotency.HeaderName, key)
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != want {
-			return fmt.Errorf("POST %s: status %d, want %d: %s", path, resp.StatusCode, want, body)
-		}
-		return nil
+		return conns.post(ctx, path, key, want)
 	}
 
 	resp201 := &idempotency.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}}
@@ -362,5 +345,77 @@ func benchLoad(ctx context.Context, clients int, warm, dur time.Duration, op fun
 		into.lat = append(into.lat, l...)
 	}
 	into.elapsed += elapsed
+	return nil
+}
+
+// benchConns is the lean keep-alive client: idle connections in a channel.
+type benchConns struct {
+	addr string
+	idle chan *benchConn
+}
+
+type benchConn struct {
+	c  net.Conn
+	br *bufio.Reader
+	bw *bufio.Writer
+}
+
+func newBenchConns(addr string, clients int) *benchConns {
+	return &benchConns{addr: addr, idle: make(chan *benchConn, clients*2)}
+}
+
+func (p *benchConns) close() {
+	for {
+		select {
+		case c := <-p.idle:
+			_ = c.c.Close()
+		default:
+			return
+		}
+	}
+}
+
+func (p *benchConns) post(ctx context.Context, path, key string, want int) error {
+	var c *benchConn
+	select {
+	case c = <-p.idle:
+	default:
+		nc, err := (&net.Dialer{}).DialContext(ctx, "tcp", p.addr)
+		if err != nil {
+			return err
+		}
+		c = &benchConn{c: nc, br: bufio.NewReader(nc), bw: bufio.NewWriter(nc)}
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.c.SetDeadline(dl)
+	}
+	fmt.Fprintf(c.bw, "POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nX-User: bench\r\n%s: %s\r\nContent-Length: %d\r\n\r\n%s",
+		path, idempotency.HeaderName, key, len(benchHTTPBody), benchHTTPBody)
+	err := c.bw.Flush()
+	var resp *http.Response
+	if err == nil {
+		resp, err = http.ReadResponse(c.br, nil)
+	}
+	if err != nil {
+		_ = c.c.Close()
+		return err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.Close {
+		_ = c.c.Close()
+	} else {
+		select {
+		case p.idle <- c:
+		default:
+			_ = c.c.Close()
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != want {
+		return fmt.Errorf("POST %s: status %d, want %d: %s", path, resp.StatusCode, want, body)
+	}
 	return nil
 }
