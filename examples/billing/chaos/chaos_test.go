@@ -3,7 +3,9 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -53,27 +55,32 @@ func TestChaosEndToEnd(t *testing.T) {
 	}
 }
 
-// --unsafe=key: the driver mints a fresh key on every retry, so a lost
-// answer to POST /payments becomes a second payment and a second charge.
-// The audit must say so.
+// --unsafe=key, through the CLI as CI runs it: the driver mints a fresh key
+// on every retry, so a lost answer to POST /payments becomes a second
+// payment and a second charge. The audit must say so, in the JSON report
+// and with exit status 1.
 func TestChaosUnsafeKeyIsCaught(t *testing.T) {
 	t.Parallel()
-	db := testdb.New(t, testdb.Empty())
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	rep, err := Run(ctx, &Config{
-		IdemBin: needIdem(t), BillingBin: needBilling(t), DatabaseURL: db.URL,
-		Orders: 10, Payments: 20, Instances: 2, Kills: 1,
-		DropRate: 0.2, Seed: 7, Unsafe: UnsafeKey,
-	})
-	if err != nil {
-		t.Fatalf("run: %v", err)
+	cmd := exec.Command(needBilling(t), "chaos", "--unsafe=key", "--json",
+		"--orders", "10", "--payments", "20", "--instances", "2", "--kills", "0", "--terms", "0",
+		"--broker-restarts", "0", "--drop-rate", "0.2", "--fail-rate", "0", "--seed", "7", "--duration", "5s")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+testdb.URL(), "IDEM_BIN="+needIdem(t), "KAFKA_BROKERS=")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("exit: %v, want status 1\n%s", err, stderr.String())
+	}
+	var rep Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("stdout is not one JSON report: %v\n%s", err, stdout.String())
 	}
 	var out strings.Builder
 	rep.WriteText(&out)
 	t.Log(out.String())
-	if rep.Pass {
-		t.Fatal("unsafe=key run passed: the audit cannot see double charges")
+	if rep.Pass || rep.Unsafe != "key" || rep.ClientRetries == 0 {
+		t.Fatalf("report: pass %v unsafe %q retries %d", rep.Pass, rep.Unsafe, rep.ClientRetries)
 	}
 	charged := false
 	for _, v := range rep.Violations {
@@ -83,6 +90,9 @@ func TestChaosUnsafeKeyIsCaught(t *testing.T) {
 	}
 	if !charged {
 		t.Fatalf("no double or orphan charge among %+v", rep.Violations)
+	}
+	if last := strings.TrimSpace(stderr.String()); !strings.Contains(last[strings.LastIndexByte(last, '\n')+1:], "violations") {
+		t.Errorf("last stderr line does not name the violations: %q", last)
 	}
 }
 

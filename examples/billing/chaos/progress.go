@@ -110,6 +110,9 @@ func (p *progress) draw() {
 		ops, p.total, d.retries.Load(), d.replays.Load(), p.r.kills.Load(), p.r.terms.Load(), p.r.brokerRestarts.Load())
 	if p.name == "quiescence" {
 		stats = fmt.Sprintf("waiting for %d orders/payments to be final", max(p.pending, 0))
+		if p.pending == 0 {
+			stats = "all final; waiting for the ledger to stay still"
+		}
 	}
 	el := time.Since(p.began).Truncate(100 * time.Millisecond)
 	if !p.tty {
