@@ -35,7 +35,7 @@ const (
 	ClientDropRateDefault  = 0.1
 	RequestTimeoutDefault  = 5 * time.Second
 	OpTimeoutDefault       = 90 * time.Second
-	QuiescenceDefault      = 120 * time.Second
+	QuiescenceDefault      = 3 * time.Minute
 	ShutdownTimeoutDefault = 10 * time.Second
 	TokenDefault           = "chaos-token"
 	PrincipalDefault       = "chaos"
