@@ -153,6 +153,9 @@ func (r *Report) WriteText(w io.Writer) {
 	if r.WorkDir != "" {
 		fmt.Fprintf(w, "  logs        %s\n", r.WorkDir)
 	}
+	if r.Pass && r.Unsafe != "" {
+		fmt.Fprintf(w, "NOTE: with the %s protection off the audit found nothing: this run did not exercise it (or billing ignores BILLING_UNSAFE)\n", r.Unsafe)
+	}
 	if r.Pass {
 		fmt.Fprintf(w, "PASS: every confirmed order and payment charged exactly once, nothing lost, every replay identical\n")
 	} else {
