@@ -9,22 +9,29 @@ import (
 	"sync"
 )
 
-// HTTPServer is a Component serving an *http.Server. Stop is
-// http.Server.Shutdown (the listener closes, in-flight requests finish);
-// HardStop is http.Server.Close (open connections are cut).
+// HTTPServer is a Component serving an *http.Server. Stop stops
+// accepting, lets the requests already received reach their handlers (see
+// DrainAcceptedTimeout), then calls http.Server.Shutdown (in-flight
+// requests finish); HardStop is http.Server.Close (open connections are
+// cut).
 type HTTPServer struct {
-	srv *http.Server
+	srv     *http.Server
+	tracker *connTracker
 
 	mu      sync.Mutex
 	ln      net.Listener
+	dl      *drainListener
 	started bool
 	failed  chan error
 }
 
 // NewHTTPServer returns a Component for srv. ln is the listener to serve on;
-// nil means listen on srv.Addr at Start.
+// nil means listen on srv.Addr at Start. It chains its own hooks into srv's
+// ConnContext, ConnState and Handler: set those before calling it.
 func NewHTTPServer(srv *http.Server, ln net.Listener) *HTTPServer {
-	return &HTTPServer{srv: srv, ln: ln, failed: make(chan error, 1)}
+	t := newConnTracker()
+	t.install(srv)
+	return &HTTPServer{srv: srv, tracker: t, ln: ln, failed: make(chan error, 1)}
 }
 
 // Start listens (unless a listener was given) and serves in a goroutine.
@@ -43,7 +50,8 @@ func (s *HTTPServer) Start(ctx context.Context) error {
 		s.ln = ln
 	}
 	s.started = true
-	ln := s.ln
+	s.dl = newDrainListener(s.ln)
+	ln := s.dl
 	go func() {
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.failed <- fmt.Errorf("lifecycle: http serve: %w", err)
@@ -63,14 +71,20 @@ func (s *HTTPServer) Addr() net.Addr {
 	return s.ln.Addr()
 }
 
-// Stop closes the listener and waits for in-flight requests until ctx ends.
+// Stop stops accepting, waits (at most DrainAcceptedTimeout) for the
+// requests already received to reach their handlers, then shuts the server
+// down, waiting for in-flight requests until ctx ends.
 func (s *HTTPServer) Stop(ctx context.Context) error {
 	s.mu.Lock()
-	started := s.started
+	started, dl := s.started, s.dl
 	s.mu.Unlock()
 	if !started {
 		return nil
 	}
+	dl.stopAccepting()
+	wctx, cancel := context.WithTimeout(ctx, DrainAcceptedTimeout)
+	s.tracker.waitReceived(wctx)
+	cancel()
 	return s.srv.Shutdown(ctx)
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -307,5 +308,60 @@ func TestLaterStageKeepsItsBudget(t *testing.T) {
 	// 800 ms minus the hard-stop window (a quarter): about 600 ms.
 	if d := <-left; d < 300*time.Millisecond {
 		t.Fatalf("the later stage got %s of its 800ms budget", d)
+	}
+}
+
+// TestHTTPStopAnswersRequestsAlreadyAccepted proves the drain before
+// Shutdown: a connection accepted before the stop whose request arrives
+// after it still gets its answer (plain Shutdown would close it unanswered),
+// and a new connection after the stop is refused.
+func TestHTTPStopAnswersRequestsAlreadyAccepted(t *testing.T) {
+	t.Parallel()
+	accepted := make(chan struct{}, 1)
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("answered")) }),
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateNew {
+				select {
+				case accepted <- struct{}{}:
+				default:
+				}
+			}
+		},
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := lifecycle.NewHTTPServer(srv, ln)
+	if err := h.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	<-accepted
+	stopped := make(chan error, 1)
+	go func() { stopped <- h.Stop(context.Background()) }()
+	// The listener closes before the stop waits for our request.
+	for {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			break
+		}
+		c.Close()
+		time.Sleep(time.Millisecond) // polling interval
+	}
+	if _, err := conn.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(conn)
+	if err != nil || !strings.Contains(string(body), "answered") {
+		t.Fatalf("response %q, %v", body, err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
 	}
 }
