@@ -388,7 +388,7 @@ func (m *Middleware) Start(ctx context.Context) error {
 	if m.done != nil {
 		return nil
 	}
-	ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	ctx, m.cancel = context.WithCancel(ctx)
 	m.done = make(chan struct{})
 	go m.purgeLoop(ctx, m.done)
 	return nil
