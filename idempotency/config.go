@@ -128,7 +128,7 @@ type Config struct {
 	// body to these top-level members. Defaults to the whole body.
 	FingerprintFields []string
 
-	// Store decides from a handler's status whether its response is stored
+	// StoreStatus decides from a handler's status whether its response is stored
 	// (replayed to retries) or released (a retry runs the handler again).
 	// Defaults to DefaultStoreStatus: 2xx and 4xx except 408 and 429.
 	StoreStatus func(status int) bool

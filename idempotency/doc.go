@@ -14,7 +14,9 @@
 //     409 IDEMPOTENCY_KEY_IN_PROGRESS with Retry-After (or, with
 //     Config.Wait, wait and get the replay);
 //   - a stored response (2xx and definitive 4xx) is replayed with its status,
-//     body and allow-listed headers, plus Idempotent-Replayed: true;
+//     body and allow-listed headers, plus Idempotent-Replayed: true; repeated
+//     replays come from a bounded in-process cache (Config.ReplayCacheBytes),
+//     never past the record's retention, as a completed record never changes;
 //   - a key reused with a different request (method, path, canonical body)
 //     gets IDEMPOTENCY_KEY_REUSED (409, or 422 by config), even while the
 //     first is in progress;
