@@ -19,7 +19,8 @@
 //     never past the record's retention, as a completed record never changes;
 //   - a key reused with a different request (method, path, canonical body)
 //     gets IDEMPOTENCY_KEY_REUSED (409, or 422 by config), even while the
-//     first is in progress;
+//     first is in progress (in ModeTransactional: once the first has
+//     committed, see below);
 //   - 5xx, 408, 429, a panic and a client that hung up release the key, so
 //     that the retry runs the handler again;
 //   - a store failure answers 503 and the handler does not run unprotected.
