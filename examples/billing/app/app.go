@@ -35,6 +35,20 @@ type Roles struct {
 	HTTP, Relay, Consumer, Charger bool
 }
 
+// String lists the roles as --roles takes them.
+func (r Roles) String() string {
+	var out []string
+	for _, x := range []struct {
+		on   bool
+		name string
+	}{{r.HTTP, "http"}, {r.Relay, "relay"}, {r.Consumer, "consumer"}, {r.Charger, "charger"}} {
+		if x.on {
+			out = append(out, x.name)
+		}
+	}
+	return strings.Join(out, ",")
+}
+
 // AllRoles is the default: everything in one process.
 const AllRoles = "http,relay,consumer,charger"
 
@@ -259,7 +273,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 	}
 	closers = nil // the group owns everything now
-	log.Info("billing starting", "roles", roles, "shutdown_timeout", timeout)
+	log.Info("billing starting", "roles", roles.String(), "shutdown_timeout", timeout)
 	return g.Run(ctx)
 }
 

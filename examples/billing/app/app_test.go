@@ -31,6 +31,11 @@ func TestParseRoles(t *testing.T) {
 		if tt.ok != (err == nil) || (tt.ok && got != tt.want) {
 			t.Errorf("%q: %+v %v", tt.in, got, err)
 		}
+		if tt.ok {
+			if back, _ := app.ParseRoles(got.String()); back != got {
+				t.Errorf("%q: String %q does not parse back", tt.in, got.String())
+			}
+		}
 		if err != nil && !errors.Is(err, app.ErrBadRoles) {
 			t.Errorf("%q: %v is not ErrBadRoles", tt.in, err)
 		}
