@@ -9,9 +9,9 @@
 //  1. turns readiness off, so /readyz answers 503 while the listener is
 //     still open, and waits Config.DrainDelay for load balancers to notice;
 //  2. stops the stages one after another: every component of a stage gets
-//     Stop with a context that ends a hard-stop window (Config.
-//     HardStopTimeout, at most a quarter of the stage) before the stage's
-//     deadline. A component still running then is hard-stopped (HardStop, if
+//     Stop with a context that ends a hard-stop window
+//     (Config.HardStopTimeout, at most a quarter of the stage) before the
+//     stage's deadline. A component still running then is hard-stopped (HardStop, if
 //     it implements [HardStopper]) and, at the stage's deadline, the group
 //     moves on to the next stage whether or not it has returned;
 //  3. logs each stage, its outcome and its duration with log/slog.
