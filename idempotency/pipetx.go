@@ -80,8 +80,25 @@ func (t *pipeTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []stri
 }
 
 func (t *pipeTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if t.closed {
+		return closedBatch{}
+	}
 	return t.conn.SendBatch(ctx, b)
 }
+
+// closedRow and closedBatch answer a handler that kept the transaction past
+// its request: the connection is back in the pool, serving someone else.
+type closedRow struct{}
+
+func (closedRow) Scan(...any) error { return pgx.ErrTxClosed }
+
+type closedBatch struct{}
+
+func (closedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, pgx.ErrTxClosed }
+func (closedBatch) Query() (pgx.Rows, error)         { return nil, pgx.ErrTxClosed }
+func (closedBatch) QueryRow() pgx.Row                { return closedRow{} }
+func (closedBatch) Close() error                     { return pgx.ErrTxClosed }
+func (closedBatch) Tx() pgx.Tx                       { return nil }
 
 // LargeObjects needs a pgx-made Tx (its field is unexported): one is made
 // on first use over the same, already open, transaction.
@@ -118,6 +135,9 @@ func (t *pipeTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 }
 
 func (t *pipeTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.closed {
+		return closedRow{}
+	}
 	return t.conn.QueryRow(ctx, sql, args...)
 }
 
