@@ -79,6 +79,12 @@ func TestChaosUnsafeKeyIsCaught(t *testing.T) {
 	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
 		t.Fatalf("stdout is not one JSON report: %v\n%s", err, stdout.String())
 	}
+	// A failed run keeps its logs for a post-mortem; this failure is the
+	// expected one.
+	if rep.WorkDir == "" || !strings.Contains(stderr.String(), rep.WorkDir) {
+		t.Errorf("work dir %q not reported on stderr", rep.WorkDir)
+	}
+	defer os.RemoveAll(rep.WorkDir)
 	var out strings.Builder
 	rep.WriteText(&out)
 	t.Log(out.String())
