@@ -2,13 +2,18 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/idemkit/idem/internal/cli"
 )
@@ -115,4 +120,61 @@ func printBench(w io.Writer, scenario string, results []benchResult, asJSON bool
 		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%.2f\t%d\t\n", r.Name, r.OpsPerSec, r.P50Ms, r.P99Ms, r.Ops)
 	}
 	return tw.Flush()
+}
+
+// scratchSchemas creates schemas named prefix_<random>_<i> for i in [0, n)
+// on the server behind dbURL, so that a benchmark never touches the tables
+// of the database it is pointed at, and returns a URL per schema (with
+// search_path and the extra run-time parameters set) and a func that drops
+// them all.
+func scratchSchemas(ctx context.Context, dbURL, prefix string, n int, params map[string]string) ([]string, func(), error) {
+	admin, err := cli.Connect(ctx, dbURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	base := prefix + "_" + hex.EncodeToString(b[:])
+	var created []string
+	drop := func() {
+		for _, s := range created {
+			_, _ = admin.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+s+" CASCADE")
+		}
+		admin.Close()
+	}
+	var urls []string
+	for i := range n {
+		schema := fmt.Sprintf("%s_%d", base, i)
+		if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+			drop()
+			return nil, nil, fmt.Errorf("create scratch schema: %w", err)
+		}
+		created = append(created, schema)
+		u, err := url.Parse(dbURL)
+		if err != nil {
+			drop()
+			return nil, nil, cli.Usagef("database URL is malformed")
+		}
+		q := u.Query()
+		q.Set("search_path", schema)
+		for k, v := range params {
+			q.Set(k, v)
+		}
+		u.RawQuery = q.Encode()
+		urls = append(urls, u.String())
+	}
+	return urls, drop, nil
+}
+
+// latencyResult turns per-operation latencies in milliseconds into a
+// result; ops/s is ops over elapsed.
+func latencyResult(name string, latMs []float64, ops int, elapsed time.Duration) benchResult {
+	slices.Sort(latMs)
+	pct := func(p float64) float64 {
+		if len(latMs) == 0 {
+			return 0
+		}
+		return latMs[int(p*float64(len(latMs)-1))]
+	}
+	return benchResult{Name: name, OpsPerSec: float64(ops) / elapsed.Seconds(), P50Ms: pct(0.50), P99Ms: pct(0.99), Ops: ops}
 }

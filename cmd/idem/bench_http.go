@@ -10,8 +10,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -57,28 +55,12 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	}
 	dur := time.Duration(seconds) * time.Second
 
-	// Scratch schema: the benchmark never touches the tables of the
-	// database it is pointed at.
-	admin, err := cli.Connect(ctx, env.DatabaseURL)
+	urls, drop, err := scratchSchemas(ctx, env.DatabaseURL, "bench_http", 1, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer admin.Close()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := "bench_http_" + hex.EncodeToString(b[:])
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		return nil, fmt.Errorf("create scratch schema: %w", err)
-	}
-	defer func() { _, _ = admin.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") }()
-	u, err := url.Parse(env.DatabaseURL)
-	if err != nil {
-		return nil, cli.Usagef("database URL is malformed")
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	pcfg, err := pgxpool.ParseConfig(u.String())
+	defer drop()
+	pcfg, err := pgxpool.ParseConfig(urls[0])
 	if err != nil {
 		return nil, cli.Usagef("database URL is malformed")
 	}
@@ -271,21 +253,11 @@ type benchSamples struct {
 }
 
 func (s *benchSamples) result(name string) benchResult {
-	all := s.lat
-	slices.Sort(all)
-	pct := func(p float64) float64 {
-		if len(all) == 0 {
-			return 0
-		}
-		return float64(all[int(p*float64(len(all)-1))]) / float64(time.Millisecond)
+	ms := make([]float64, len(s.lat))
+	for i, d := range s.lat {
+		ms[i] = float64(d) / float64(time.Millisecond)
 	}
-	return benchResult{
-		Name:      name,
-		OpsPerSec: float64(len(all)) / s.elapsed.Seconds(),
-		P50Ms:     pct(0.50),
-		P99Ms:     pct(0.99),
-		Ops:       len(all),
-	}
+	return latencyResult(name, ms, len(ms), s.elapsed)
 }
 
 // benchLoad runs op from clients goroutines for a warm-up and then for dur,

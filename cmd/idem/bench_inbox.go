@@ -2,13 +2,9 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -50,28 +46,12 @@ func runBenchInbox(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		return nil, cli.Usagef("--partitions must be at least 1")
 	}
 
-	// Scratch schema: the benchmark never touches the tables of the
-	// database it is pointed at.
-	admin, err := cli.Connect(ctx, env.DatabaseURL)
+	urls, drop, err := scratchSchemas(ctx, env.DatabaseURL, "bench_inbox", 1, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer admin.Close()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := "bench_inbox_" + hex.EncodeToString(b[:])
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		return nil, fmt.Errorf("create scratch schema: %w", err)
-	}
-	defer func() { _, _ = admin.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") }()
-	u, err := url.Parse(env.DatabaseURL)
-	if err != nil {
-		return nil, cli.Usagef("database URL is malformed")
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	pool, err := cli.Connect(ctx, u.String())
+	defer drop()
+	pool, err := cli.Connect(ctx, urls[0])
 	if err != nil {
 		return nil, err
 	}
@@ -209,13 +189,5 @@ func benchInboxRun(ctx context.Context, db kafka.Beginner, addrs []string, topic
 	stop()
 	mu.Lock()
 	defer mu.Unlock()
-	slices.Sort(latencies)
-	elapsed := end.Sub(time.Unix(0, first.Load())).Seconds()
-	return benchResult{
-		Name:      name,
-		OpsPerSec: float64(n) / elapsed,
-		P50Ms:     latencies[len(latencies)/2],
-		P99Ms:     latencies[len(latencies)*99/100],
-		Ops:       n,
-	}, nil
+	return latencyResult(name, latencies, n, end.Sub(time.Unix(0, first.Load()))), nil
 }

@@ -2,13 +2,10 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,25 +58,17 @@ func runBenchRelay(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		return nil, cli.Usagef("--batch-size must be at most 100000")
 	}
 
-	// Scratch schemas, one per throughput variant: the benchmark never
-	// touches the tables of the database it is pointed at.
-	admin, err := cli.Connect(ctx, env.DatabaseURL)
+	// Scratch schemas: one per throughput variant and one for the latency
+	// run; the writers of the latency run get their own URL on the last one,
+	// with synchronous_commit off.
+	urls, drop, err := scratchSchemas(ctx, env.DatabaseURL, "bench_relay", 5, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer admin.Close()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	prefix := "bench_relay_" + hex.EncodeToString(b[:])
-	// poolOn connects to scratch schema i; syncOff sets synchronous_commit
-	// off for every connection of the pool (a startup parameter).
+	defer drop()
 	poolOn := func(i, maxConns int, syncOff bool) (*pgxpool.Pool, error) {
-		u, err := url.Parse(env.DatabaseURL)
-		if err != nil {
-			return nil, cli.Usagef("database URL is malformed")
-		}
+		u, _ := url.Parse(urls[i])
 		q := u.Query()
-		q.Set("search_path", fmt.Sprintf("%s_%d", prefix, i))
 		q.Set("pool_max_conns", strconv.Itoa(maxConns))
 		if syncOff {
 			q.Set("synchronous_commit", "off")
@@ -88,9 +77,6 @@ func runBenchRelay(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		return cli.Connect(ctx, u.String())
 	}
 	newPool := func(i, maxConns int) (*pgxpool.Pool, error) {
-		if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE SCHEMA %s_%d", prefix, i)); err != nil {
-			return nil, fmt.Errorf("create scratch schema: %w", err)
-		}
 		pool, err := poolOn(i, maxConns, false)
 		if err != nil {
 			return nil, err
@@ -101,11 +87,6 @@ func runBenchRelay(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		}
 		return pool, nil
 	}
-	defer func() {
-		for i := range 5 {
-			_, _ = admin.Exec(context.WithoutCancel(ctx), fmt.Sprintf("DROP SCHEMA IF EXISTS %s_%d CASCADE", prefix, i))
-		}
-	}()
 
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {
@@ -216,9 +197,7 @@ func runBenchRelay(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		if published != events || v.total != events {
 			return nil, fmt.Errorf("%s: published %d (claimed %d) of %d events", v.name, published, v.total, events)
 		}
-		slices.Sort(v.lat)
-		results = append(results, benchResult{Name: v.name, OpsPerSec: float64(events) / v.elapsed.Seconds(),
-			P50Ms: v.lat[len(v.lat)/2], P99Ms: v.lat[len(v.lat)*99/100], Ops: events})
+		results = append(results, latencyResult(v.name, v.lat, events, v.elapsed))
 	}
 	latPool, err := newPool(4, 8)
 	if err != nil {
@@ -409,7 +388,7 @@ func benchRelayLatency(ctx context.Context, pool, writers *pgxpool.Pool, addrs [
 		}()
 	}
 	wg.Wait()
-	produced := time.Since(start).Seconds()
+	produced := time.Since(start)
 	close(errs)
 	if err := <-errs; err != nil {
 		return benchResult{}, err
@@ -425,6 +404,5 @@ func benchRelayLatency(ctx context.Context, pool, writers *pgxpool.Pool, addrs [
 	for i := range n {
 		lat[i] = max(0, float64(arrived[i].Sub(committed[i]).Microseconds())/1000)
 	}
-	slices.Sort(lat)
-	return benchResult{Name: "notify-latency", OpsPerSec: float64(n) / produced, P50Ms: lat[n/2], P99Ms: lat[n*99/100], Ops: n}, nil
+	return latencyResult("notify-latency", lat, n, produced), nil
 }
