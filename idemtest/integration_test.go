@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -46,17 +45,6 @@ func TestPaysim(t *testing.T) {
 	}
 	wantSkip := []string{idemtest.CheckServerErrorReleased, idemtest.CheckExpiry}
 	failed := rep.Names(idemtest.Fail)
-	// Known paysim defect, found by this suite and reported: the ledger is
-	// unique by Idempotency-Key across principals (Ledger.Insert), so
-	// principal B's charge with A's key is not made and B is answered A's
-	// charge_id. The middleware scopes the key; the ledger behind it does
-	// not. Tolerated here only in exactly that form, so that the test
-	// passes again, unchanged, once paysim scopes its ledger.
-	if res, _ := rep.Result(idemtest.CheckPrincipals); res.Status == idemtest.Fail &&
-		strings.Contains(res.Reason, "1 execution(s) counted, want 2") {
-		t.Logf("KNOWN PAYSIM DEFECT (ledger not scoped by principal): %s", res.Reason)
-		failed = slices.DeleteFunc(failed, func(n string) bool { return n == idemtest.CheckPrincipals })
-	}
 	if got := rep.Names(idemtest.Skip); !slices.Equal(got, wantSkip) || len(failed) > 0 {
 		t.Fatalf("failed %v skipped %v, want none failed and %v skipped", failed, got, wantSkip)
 	}

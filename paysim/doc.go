@@ -23,8 +23,9 @@
 //
 // # Guarantee
 //
-// One idempotency key has at most one ledger row, under any concurrency and
-// whatever the layer in front of the ledger does: the ledger's unique index
+// One idempotency key of one principal (the Authorization header, as in
+// the middleware's scope) has at most one ledger row, under any concurrency
+// and whatever the layer in front of the ledger does: the ledger's unique index
 // and its rows change together under one mutex, and an insert for a known
 // key returns the existing row (or ErrLedgerConflict for a different
 // order or amount, without a row). Two rows for one order with different
@@ -45,7 +46,6 @@
 // # What it does not guarantee
 //
 // Everything is in memory: a restart forgets the ledger and the keys.
-// Keys are remembered for the middleware's retention (24h). The ledger's
-// uniqueness is by key only, across principals; it is a simulator, not a
-// multi-tenant provider.
+// Keys are remembered for the middleware's retention (24h). A principal is
+// whatever Authorization header arrives: paysim authenticates nobody.
 package paysim

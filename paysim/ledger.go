@@ -15,16 +15,21 @@ var ErrLedgerConflict = errors.New("paysim: idempotency key already charged for 
 
 // Charge is one ledger row. The JSON names are the GET /ledger contract.
 type Charge struct {
-	ChargeID       string    `json:"charge_id"`
-	IdempotencyKey string    `json:"idempotency_key"`
-	OrderID        string    `json:"order_id"`
-	CustomerID     string    `json:"-"`
-	AmountKopecks  int64     `json:"amount_kopecks"`
-	CreatedAt      time.Time `json:"created_at"`
+	ChargeID       string `json:"charge_id"`
+	IdempotencyKey string `json:"idempotency_key"`
+	OrderID        string `json:"order_id"`
+	CustomerID     string `json:"-"`
+	// Principal is the merchant that asked for the charge (the scope of
+	// its idempotency key); not part of the GET /ledger contract.
+	Principal     string    `json:"-"`
+	AmountKopecks int64     `json:"amount_kopecks"`
+	CreatedAt     time.Time `json:"created_at"`
 }
 
 // Ledger is the provider's book of charges, in memory. One idempotency key
-// has at most one row by construction: the unique index (byKey) and the
+// of one principal has at most one row by construction (keys are scoped by
+// principal, as in the idempotency middleware, so two merchants' keys never
+// collide): the unique index (byKey) and the
 // rows change together under one mutex, and Insert returns the existing
 // row instead of adding a second. This holds whatever the HTTP layer in
 // front of it does, so a test that finds two rows for one key has found a
@@ -32,23 +37,30 @@ type Charge struct {
 type Ledger struct {
 	mu    sync.Mutex
 	rows  []Charge
-	byKey map[string]int // idempotency key → index in rows
+	byKey map[ledgerKey]int // (principal, idempotency key) → index in rows
 	now   func() time.Time
 }
 
 // NewLedger returns an empty ledger.
 func NewLedger() *Ledger {
-	return &Ledger{byKey: map[string]int{}, now: time.Now}
+	return &Ledger{byKey: map[ledgerKey]int{}, now: time.Now}
 }
 
-// Insert charges c unless c.IdempotencyKey already has a row. It returns
+type ledgerKey struct{ principal, key string }
+
+func keyOf(c Charge) ledgerKey {
+	return ledgerKey{c.Principal, c.IdempotencyKey}
+}
+
+// Insert charges c unless c.IdempotencyKey already has a row for
+// c.Principal. It returns
 // the row (new or existing) and whether it was inserted. An existing row
 // for a different order, customer or amount is ErrLedgerConflict, with the
 // existing row. ChargeID and CreatedAt are assigned here.
 func (l *Ledger) Insert(c Charge) (Charge, bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if i, ok := l.byKey[c.IdempotencyKey]; ok {
+	if i, ok := l.byKey[keyOf(c)]; ok {
 		old := l.rows[i]
 		if old.OrderID != c.OrderID || old.CustomerID != c.CustomerID || old.AmountKopecks != c.AmountKopecks {
 			return old, false, ErrLedgerConflict
@@ -57,7 +69,7 @@ func (l *Ledger) Insert(c Charge) (Charge, bool, error) {
 	}
 	c.ChargeID = fmt.Sprintf("ch_%08d", len(l.rows)+1)
 	c.CreatedAt = l.now().UTC()
-	l.byKey[c.IdempotencyKey] = len(l.rows)
+	l.byKey[keyOf(c)] = len(l.rows)
 	l.rows = append(l.rows, c)
 	return c, true, nil
 }
@@ -118,21 +130,22 @@ func (r AuditReport) String() string {
 		r.Charges, len(r.DuplicateKeys), len(r.DuplicateOrders), r.Extra(), orders)
 }
 
-// Audit looks for double charges: two rows with one idempotency key
-// (impossible in a Ledger by construction) or two rows for one order
+// Audit looks for double charges: two rows with one idempotency key of one
+// principal (impossible in a Ledger by construction; rows read back over
+// GET /ledger carry no principal, so there a key is global) or two rows for one order
 // (what a client that makes a fresh key per attempt produces). It assumes
 // one charge per order, as in the billing flow.
 func Audit(charges []Charge) AuditReport {
 	r := AuditReport{Charges: len(charges), DuplicateKeys: map[string]int{}, DuplicateOrders: map[string]int{}}
-	keys := map[string]int{}
+	keys := map[ledgerKey]int{}
 	orders := map[string]int{}
 	for _, c := range charges {
-		keys[c.IdempotencyKey]++
+		keys[keyOf(c)]++
 		orders[c.OrderID]++
 	}
 	for k, n := range keys {
 		if n > 1 {
-			r.DuplicateKeys[k] = n
+			r.DuplicateKeys[k.key] += n
 		}
 	}
 	for o, n := range orders {

@@ -255,11 +255,14 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusInternalServerError, CodeProviderFault, "injected failure before charging; nothing was charged")
 		return
 	}
-	row, inserted, err := s.ledger.Insert(Charge{IdempotencyKey: key, OrderID: req.OrderID, CustomerID: req.CustomerID, AmountKopecks: req.AmountKopecks})
+	// The middleware has already resolved the scope; an error here cannot
+	// happen for a request it let through.
+	principal, _ := s.cfg.Scope(r)
+	row, inserted, err := s.ledger.Insert(Charge{IdempotencyKey: key, Principal: principal, OrderID: req.OrderID, CustomerID: req.CustomerID, AmountKopecks: req.AmountKopecks})
 	if errors.Is(err, ErrLedgerConflict) {
 		s.reused.Add(1)
-		// Reached only when the middleware's store forgot the key (another
-		// principal, or after retention): the ledger is the last line.
+		// Reached only when the middleware's store forgot the key (after
+		// retention, or a restart of the store): the ledger is the last line.
 		writeProblem(w, http.StatusConflict, idempotency.CodeKeyReused, "this Idempotency-Key was charged for a different request ("+row.ChargeID+")")
 		return
 	}
