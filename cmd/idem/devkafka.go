@@ -93,6 +93,14 @@ func runDevkafka(ctx context.Context, args []string) error {
 	case <-sigs:
 	case <-ctx.Done():
 	}
+	// The first signal reaches both sigs and the ctx of cli.Run; whichever
+	// woke us, the other may still hold that same signal. Only a signal
+	// that arrives from here on forces the stop: Notify takes the lock the
+	// signal delivery holds, so the new channel never sees the first one.
+	signal.Stop(sigs)
+	force := make(chan os.Signal, 1)
+	signal.Notify(force, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(force)
 	fmt.Fprintln(os.Stderr, "devkafka: stopping (signal again to force)")
 	done := make(chan struct{})
 	go func() {
@@ -102,7 +110,7 @@ func runDevkafka(ctx context.Context, args []string) error {
 	select {
 	case <-done:
 		return nil
-	case <-sigs:
+	case <-force:
 		return fmt.Errorf("forced stop: state in %s may miss the last writes", *dataDir)
 	}
 }
