@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/testbin"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testkafka"
 	"github.com/idemkit/idem/kafka"
@@ -201,10 +201,7 @@ func (b *consBundle) consProcessedRows(t *testing.T) int {
 // exactly one effect.
 func TestConsumerKillAfterDBCommitBeforeOffsetCommit(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "consumertest")
-	if out, err := exec.Command("go", "build", "-o", bin, "./internal/consumertest").CombinedOutput(); err != nil {
-		t.Fatalf("build helper: %v\n%s", err, out)
-	}
+	bin := testbin.BuildT(t, "github.com/idemkit/idem/kafka/internal/consumertest")
 	for _, mode := range []string{"per-record", "batch"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemkit/idem/internal/testbin"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testkafka"
 	"github.com/idemkit/idem/kafka"
@@ -281,12 +281,7 @@ type pubRelayProc struct {
 
 func pubBuildRelay(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "relaytest")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/idemkit/idem/outbox/internal/relaytest").CombinedOutput()
-	if err != nil {
-		t.Fatalf("build relaytest: %v\n%s", err, out)
-	}
-	return bin
+	return testbin.BuildT(t, "github.com/idemkit/idem/outbox/internal/relaytest")
 }
 
 func pubStartRelay(t *testing.T, bin string, args ...string) *pubRelayProc {

@@ -3,12 +3,12 @@ package main
 import (
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idem/internal/testbin"
 	"github.com/idemkit/idem/internal/testdb"
 )
 
@@ -19,9 +19,8 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	idemBin = filepath.Join(dir, "idem")
-	if out, err := exec.Command("go", "build", "-o", idemBin, ".").CombinedOutput(); err != nil {
-		panic("build idem: " + err.Error() + "\n" + string(out))
+	if idemBin, err = testbin.Build(dir, "idem", ".", false); err != nil {
+		panic(err)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
