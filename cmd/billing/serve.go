@@ -35,7 +35,18 @@ Environment:
   PAYMENT_URL         payment provider base URL, e.g. http://127.0.0.1:8090 (charger role)
   HTTP_ADDR           listen address (default :8080)
   SHUTDOWN_TIMEOUT    bound of the whole stop (default 25s)
-  BILLING_API_TOKENS  token:principal[,token:principal...] (default: ` + httpapi.DefaultTokens + `)`
+  BILLING_API_TOKENS  token:principal[,token:principal...] (default: ` + httpapi.DefaultTokens + `)
+  KAFKA_SESSION_TIMEOUT     consumer group session timeout: how long a killed
+                            instance keeps its partitions (default 10s; the
+                            broker allows 6s..30m by default)
+  KAFKA_HEARTBEAT_INTERVAL  consumer group heartbeat interval, below the
+                            session timeout (default 1s)
+  KAFKA_REBALANCE_TIMEOUT   how long a member may take to rejoin a rebalance
+                            (default 30s)
+  BILLING_UNSAFE            inbox, fingerprint or lease: switch that protection
+                            off so that billing chaos can prove its audit
+                            catches the double charges (default: none; never
+                            in production; a loud warning is logged)`
 
 func serve(ctx context.Context, args []string) error {
 	fs := cli.FlagSet("serve", serveUsage)
@@ -62,6 +73,25 @@ func serve(ctx context.Context, args []string) error {
 	if *drain < 0 || *drain >= timeout/2 {
 		return cli.Usagef("--drain-delay %s must be in [0, SHUTDOWN_TIMEOUT/2)", *drain)
 	}
+	session, err := cli.DurationEnv("KAFKA_SESSION_TIMEOUT", app.SessionTimeoutDefault)
+	if err != nil {
+		return err
+	}
+	heartbeat, err := cli.DurationEnv("KAFKA_HEARTBEAT_INTERVAL", app.HeartbeatIntervalDefault)
+	if err != nil {
+		return err
+	}
+	rebalance, err := cli.DurationEnv("KAFKA_REBALANCE_TIMEOUT", app.RebalanceTimeoutDefault)
+	if err != nil {
+		return err
+	}
+	if heartbeat >= session {
+		return cli.Usagef("KAFKA_HEARTBEAT_INTERVAL %s must be below KAFKA_SESSION_TIMEOUT %s", heartbeat, session)
+	}
+	unsafe, err := app.ParseUnsafe(os.Getenv("BILLING_UNSAFE"))
+	if err != nil {
+		return cli.Usagef("%v", err)
+	}
 	tokens, err := httpapi.ParseTokens(cli.Env("BILLING_API_TOKENS", httpapi.DefaultTokens))
 	if err != nil {
 		return cli.Usagef("%v", err)
@@ -85,16 +115,20 @@ func serve(ctx context.Context, args []string) error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	return app.Run(ctx, app.Config{
-		Pool:            pool,
-		Brokers:         brokers,
-		PaymentURL:      paymentURL,
-		HTTPAddr:        cli.Env("HTTP_ADDR", app.HTTPAddrDefault),
-		Tokens:          tokens,
-		Roles:           &r,
-		ShutdownTimeout: timeout,
-		DrainDelay:      *drain,
-		Partitions:      int32(*partitions),
-		Logger:          log,
+		Pool:              pool,
+		Brokers:           brokers,
+		PaymentURL:        paymentURL,
+		HTTPAddr:          cli.Env("HTTP_ADDR", app.HTTPAddrDefault),
+		Tokens:            tokens,
+		Roles:             &r,
+		ShutdownTimeout:   timeout,
+		DrainDelay:        *drain,
+		Partitions:        int32(*partitions),
+		SessionTimeout:    session,
+		HeartbeatInterval: heartbeat,
+		RebalanceTimeout:  rebalance,
+		Unsafe:            unsafe,
+		Logger:            log,
 		OnListening: func(a net.Addr) {
 			fmt.Printf("billing: listening on %s\n", a)
 		},

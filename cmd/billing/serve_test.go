@@ -155,6 +155,10 @@ func TestServeUsage(t *testing.T) {
 		{"bad tokens", []string{"BILLING_API_TOKENS=nocolon"}, []string{"serve"}, "BILLING_API_TOKENS"},
 		{"drain too long", []string{"SHUTDOWN_TIMEOUT=10s"}, []string{"serve", "--drain-delay", "6s"}, "--drain-delay"},
 		{"stray argument", nil, []string{"serve", "now"}, `unexpected argument "now"`},
+		{"bad session timeout", []string{"KAFKA_SESSION_TIMEOUT=soon"}, []string{"serve"}, "KAFKA_SESSION_TIMEOUT"},
+		{"bad rebalance timeout", []string{"KAFKA_REBALANCE_TIMEOUT=-1s"}, []string{"serve"}, "KAFKA_REBALANCE_TIMEOUT"},
+		{"unknown unsafe layer", []string{"BILLING_UNSAFE=key"}, []string{"serve"}, "BILLING_UNSAFE"},
+		{"heartbeat not below session", []string{"KAFKA_SESSION_TIMEOUT=6s", "KAFKA_HEARTBEAT_INTERVAL=6s"}, []string{"serve"}, "KAFKA_HEARTBEAT_INTERVAL"},
 	}
 	for _, tt := range testCases {
 		_, stderr, code := runBilling(t, tt.env, tt.args...)
@@ -163,8 +167,63 @@ func TestServeUsage(t *testing.T) {
 		}
 	}
 	stdout, _, code := runBilling(t, nil, "serve", "--help")
-	if code != 0 || !strings.Contains(stdout, "SHUTDOWN_TIMEOUT") {
-		t.Errorf("--help: exit %d, %q", code, stdout)
+	for _, want := range []string{"SHUTDOWN_TIMEOUT", "KAFKA_SESSION_TIMEOUT", "KAFKA_HEARTBEAT_INTERVAL", "KAFKA_REBALANCE_TIMEOUT", "BILLING_UNSAFE"} {
+		if code != 0 || !strings.Contains(stdout, want) {
+			t.Errorf("--help: exit %d, no %s in %q", code, want, stdout)
+		}
+	}
+}
+
+// TestKilledInstanceLeavesGroupsAtSessionTimeout: a SIGKILLed instance
+// cannot leave its consumer groups; the broker drops it when its session
+// times out, and only then do its partitions move. With
+// KAFKA_SESSION_TIMEOUT=6s both groups are down to the survivor well before
+// kgo's own default session (45s) could have expired, which is what the
+// deadline below checks: it fails if the setting does not reach the
+// clients.
+func TestKilledInstanceLeavesGroupsAtSessionTimeout(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, nil)
+	env := append(s.env, "KAFKA_SESSION_TIMEOUT=6s", "KAFKA_HEARTBEAT_INTERVAL=500ms")
+	a := startServe(t, env, "--roles", "consumer,charger")
+	b := startServe(t, env, "--roles", "consumer,charger")
+	adm := kadm.NewClient(s.kc.Client(t))
+	members := func() map[string]int {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		out := map[string]int{}
+		groups, err := adm.DescribeGroups(ctx, "billing-service", "billing-charger")
+		if err != nil {
+			return out
+		}
+		for _, g := range groups.Sorted() {
+			out[g.Group] = len(g.Members)
+		}
+		return out
+	}
+	waitMembers := func(n int, within time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for {
+			m := members()
+			if m["billing-service"] == n && m["billing-charger"] == n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("groups %v after %v, want %d member(s) each", m, within, n)
+			}
+			time.Sleep(200 * time.Millisecond) // polling interval
+		}
+	}
+	waitMembers(2, 90*time.Second)
+	a.signal(syscall.SIGKILL)
+	a.wait()
+	// 6s session + a rebalance; kgo's default 45s session would still be
+	// running at 30s.
+	waitMembers(1, 30*time.Second)
+	b.signal(syscall.SIGTERM)
+	if code := b.wait(); code != 0 {
+		t.Fatalf("survivor exit %d; stderr:\n%s", code, b.stderr.String())
 	}
 }
 

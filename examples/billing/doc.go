@@ -32,6 +32,21 @@
 //     outside any transaction; the outcome and processed_event commit
 //     together; the offset is committed only after.
 //
+// # Switching a protection off
+//
+// BILLING_UNSAFE (app.Config.Unsafe) switches one protection off, for
+// `billing chaos --unsafe=LAYER` to prove that its audit catches what
+// follows; billing logs a loud warning at start. inbox: the consumers see
+// every delivery as new and derive the charge key per delivery (both are
+// needed: with the event's key the provider would answer the repeat from
+// its own store), so a redelivery after a SIGKILL charges again.
+// fingerprint: the request body is left out of the fingerprint, so a key
+// reused with another amount replays the first answer. lease: POSTs run as
+// two-step claims with a zero lease, their writes in their own transaction,
+// so a duplicate sent while the first runs executes again (transactional
+// mode has no lease to shorten: its lock and its one commit are the
+// protection).
+//
 // # What it does not guarantee
 //
 // Exactly-once holds per key: two POST /payments with different

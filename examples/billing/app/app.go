@@ -75,11 +75,56 @@ func ParseRoles(s string) (Roles, error) {
 	return r, nil
 }
 
+// Unsafe layers (Config.Unsafe, BILLING_UNSAFE): each switches one
+// protection off, so that the chaos harness can prove its audit catches the
+// double charges that follow. Never for production.
+const (
+	// UnsafeInbox: the consumers skip their processed_event dedup and
+	// derive the charge key per delivery (see consumer.DeliveryEventID).
+	UnsafeInbox = "inbox"
+	// UnsafeFingerprint: the idempotency middleware ignores the request
+	// body, so a key reused with another amount replays the first answer.
+	UnsafeFingerprint = "fingerprint"
+	// UnsafeLease: a duplicate arriving while the first request runs
+	// executes again (two-step claims with a zero lease; see httpapi's
+	// Config.UnsafeNoLease).
+	UnsafeLease = "lease"
+)
+
+// ErrBadUnsafe is an unknown BILLING_UNSAFE layer.
+var ErrBadUnsafe = errors.New("billing: BILLING_UNSAFE must be inbox, fingerprint or lease")
+
+// ParseUnsafe checks a BILLING_UNSAFE value ("" means safe).
+func ParseUnsafe(s string) (string, error) {
+	switch s {
+	case "", UnsafeInbox, UnsafeFingerprint, UnsafeLease:
+		return s, nil
+	}
+	return "", fmt.Errorf("%w, got %q", ErrBadUnsafe, s)
+}
+
 // Defaults of Config.
 const (
 	HTTPAddrDefault        = ":8080"
 	ShutdownTimeoutDefault = 25 * time.Second
 	PartitionsDefault      = 4
+	// SessionTimeoutDefault is the consumer groups' session timeout: how
+	// long a member that stopped heartbeating (SIGKILL, a frozen host)
+	// keeps its partitions before the others take them over. kgo's own
+	// default (45s) makes a killed instance stall its partitions for most
+	// of a minute; 10s is still far above a healthy member's heartbeat gap.
+	SessionTimeoutDefault = 10 * time.Second
+	// HeartbeatIntervalDefault is the consumer groups' heartbeat interval:
+	// also how soon a live member hears of a rebalance.
+	HeartbeatIntervalDefault = time.Second
+	// RebalanceTimeoutDefault bounds how long a member may take to rejoin
+	// a rebalance (it first finishes the poll in hand). A member that is
+	// later is dropped from the group; its records are redelivered, which
+	// the inbox makes harmless. It also bounds how long a rebalance waits
+	// for a member that died without leaving (SIGKILL) when the broker
+	// does not expire it sooner: kfake waits the whole timeout, during
+	// which the group consumes nothing.
+	RebalanceTimeoutDefault = 30 * time.Second
 )
 
 // Config configures Run.
@@ -107,6 +152,23 @@ type Config struct {
 	// Partitions of the topics created when missing. Defaults to
 	// PartitionsDefault (4).
 	Partitions int32
+	// SessionTimeout is the consumer groups' session timeout (Kafka's
+	// session.timeout.ms): how long a killed instance keeps its partitions.
+	// It must lie within the broker's group.min/max.session.timeout.ms
+	// (6s..30m on Kafka and kfake by default). Defaults to
+	// SessionTimeoutDefault (10s).
+	SessionTimeout time.Duration
+	// HeartbeatInterval is the consumer groups' heartbeat interval; it must
+	// be below SessionTimeout (a third or less is the usual rule). Defaults
+	// to HeartbeatIntervalDefault (1s).
+	HeartbeatInterval time.Duration
+	// RebalanceTimeout is how long a member may take to rejoin a
+	// rebalance. Defaults to RebalanceTimeoutDefault (30s).
+	RebalanceTimeout time.Duration
+	// Unsafe switches one protection off: UnsafeInbox, UnsafeFingerprint
+	// or UnsafeLease; for the chaos harness only. Defaults to "" (every
+	// protection on).
+	Unsafe string
 	// OnListening is called with the bound HTTP address. Defaults to nil.
 	OnListening func(addr net.Addr)
 	// Logger defaults to slog.Default().
@@ -151,6 +213,28 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if partitions == 0 {
 		partitions = PartitionsDefault
 	}
+	session, heartbeat, rebalance := cfg.SessionTimeout, cfg.HeartbeatInterval, cfg.RebalanceTimeout
+	if session == 0 {
+		session = SessionTimeoutDefault
+	}
+	if heartbeat == 0 {
+		heartbeat = HeartbeatIntervalDefault
+	}
+	if rebalance == 0 {
+		rebalance = RebalanceTimeoutDefault
+	}
+	switch {
+	case session < 0 || heartbeat < 0 || rebalance < 0:
+		return errors.New("billing: SessionTimeout, HeartbeatInterval and RebalanceTimeout must not be negative")
+	case heartbeat >= session:
+		return fmt.Errorf("billing: HeartbeatInterval %s must be below SessionTimeout %s", heartbeat, session)
+	}
+	// Both consumer groups use these: they decide how soon the partitions
+	// of a killed instance move to a live one.
+	groupOpts := []kgo.Opt{kgo.SessionTimeout(session), kgo.HeartbeatInterval(heartbeat), kgo.RebalanceTimeout(rebalance)}
+	if _, err := ParseUnsafe(cfg.Unsafe); err != nil {
+		return err
+	}
 	switch {
 	case cfg.Pool == nil:
 		return errors.New("billing: Config.Pool is nil")
@@ -162,6 +246,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return errors.New("billing: the http role needs tokens")
 	}
 	pool := cfg.Pool
+	if cfg.Unsafe != "" {
+		log.Error("UNSAFE MODE: BILLING_UNSAFE=" + cfg.Unsafe + " switches off a protection; this instance WILL charge twice or replay wrong answers. For the chaos harness only, never in production.")
+	}
 	// Until the group owns them, close what was opened on every error path.
 	var closers []func()
 	defer func() {
@@ -189,7 +276,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	var httpStage, consumerStage, relayStage, chargerStage, kafkaStage []lifecycle.Component
 
 	if roles.HTTP {
-		h, mw, err := httpapi.NewHandler(httpapi.Config{DB: pool, Tokens: cfg.Tokens, Ready: g.ReadyHandler(), Metrics: metrics, Logger: log})
+		h, mw, err := httpapi.NewHandler(httpapi.Config{
+			DB: pool, Tokens: cfg.Tokens, Ready: g.ReadyHandler(), Metrics: metrics, Logger: log,
+			UnsafeNoFingerprint: cfg.Unsafe == UnsafeFingerprint, UnsafeNoLease: cfg.Unsafe == UnsafeLease,
+		})
 		if err != nil {
 			return err
 		}
@@ -217,7 +307,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 	}
 	if roles.Consumer {
-		c, err := consumer.NewOrderConsumer(pool, cfg.Brokers, log, metrics.InboxDuplicate(consumer.OrderGroup))
+		var c *kafka.Consumer
+		if cfg.Unsafe == UnsafeInbox {
+			c, err = consumer.NewUnsafeOrderConsumer(pool, cfg.Brokers, log, groupOpts...)
+		} else {
+			c, err = consumer.NewOrderConsumer(pool, cfg.Brokers, log, metrics.InboxDuplicate(consumer.OrderGroup), groupOpts...)
+		}
 		if err != nil {
 			return err
 		}
@@ -251,6 +346,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		w, err := consumer.NewChargeWorker(pool, gw, &consumer.ChargeWorkerConfig{
 			Brokers: cfg.Brokers, Logger: log, OnSettled: metrics.ChargeSettled,
 			OnDuplicate: metrics.InboxDuplicate(consumer.ChargeGroupDefault), OnProviderReplay: metrics.ProviderReplay,
+			ClientOpts: groupOpts, UnsafeNoInbox: cfg.Unsafe == UnsafeInbox,
 		})
 		if err != nil {
 			return err
@@ -273,7 +369,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 	}
 	closers = nil // the group owns everything now
-	log.Info("billing starting", "roles", roles.String(), "shutdown_timeout", timeout)
+	log.Info("billing starting", "roles", roles.String(), "shutdown_timeout", timeout, "unsafe", cfg.Unsafe,
+		"kafka_session_timeout", session, "kafka_heartbeat_interval", heartbeat, "kafka_rebalance_timeout", rebalance)
 	return g.Run(ctx)
 }
 

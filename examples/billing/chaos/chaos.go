@@ -176,6 +176,9 @@ func (r *run) execute(ctx context.Context) error {
 			"HTTP_ADDR=" + addr,
 			"SHUTDOWN_TIMEOUT=" + c.ShutdownTimeout.String(),
 			"BILLING_API_TOKENS=" + c.Token + ":" + PrincipalDefault,
+			"KAFKA_SESSION_TIMEOUT=" + c.SessionTimeout.String(),
+			"KAFKA_HEARTBEAT_INTERVAL=" + (c.SessionTimeout / 6).String(),
+			"KAFKA_REBALANCE_TIMEOUT=" + c.SessionTimeout.String(),
 		}
 		if c.Unsafe != "" && c.Unsafe != UnsafeKey {
 			env = append(env, "BILLING_UNSAFE="+c.Unsafe)

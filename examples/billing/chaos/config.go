@@ -13,14 +13,19 @@ const (
 	// UnsafeKey makes the driver mint a fresh Idempotency-Key for every
 	// retry and duplicate (the client bug the HTTP key layer cannot see).
 	UnsafeKey = "key"
-	// UnsafeInbox asks billing to skip its processed_event dedup
-	// (BILLING_UNSAFE=inbox).
+	// UnsafeInbox asks billing to skip its processed_event dedup and to
+	// derive the charge key per delivery (BILLING_UNSAFE=inbox): a
+	// redelivered event or command, after a SIGKILL, is charged again. It
+	// needs Kills to show.
 	UnsafeInbox = "inbox"
-	// UnsafeFingerprint asks billing to skip the request fingerprint check
-	// (BILLING_UNSAFE=fingerprint).
+	// UnsafeFingerprint asks billing to leave the body out of the request
+	// fingerprint (BILLING_UNSAFE=fingerprint): the driver's reuse probe
+	// gets the first answer replayed (key-reuse-accepted).
 	UnsafeFingerprint = "fingerprint"
-	// UnsafeLease asks billing to skip leases: in-progress keys and outbox
-	// rows are taken over at once (BILLING_UNSAFE=lease).
+	// UnsafeLease asks billing to run without in-flight protection
+	// (BILLING_UNSAFE=lease: two-step claims whose lease is zero): a
+	// concurrent duplicate of a POST executes again. It needs
+	// DuplicateRate to show.
 	UnsafeLease = "lease"
 )
 
@@ -37,8 +42,13 @@ const (
 	OpTimeoutDefault       = 90 * time.Second
 	QuiescenceDefault      = 3 * time.Minute
 	ShutdownTimeoutDefault = 10 * time.Second
-	TokenDefault           = "chaos-token"
-	PrincipalDefault       = "chaos"
+	// SessionTimeoutDefault is billing's KAFKA_SESSION_TIMEOUT in a chaos
+	// run: the broker's minimum, so that the partitions of a SIGKILLed
+	// instance move to a live one within seconds and a run's quiescence is
+	// not mostly waiting for dead sessions.
+	SessionTimeoutDefault = 6 * time.Second
+	TokenDefault          = "chaos-token"
+	PrincipalDefault      = "chaos"
 )
 
 // ErrConfig is an invalid Config; the message names the field.
@@ -109,6 +119,15 @@ type Config struct {
 	// ShutdownTimeout is billing's SHUTDOWN_TIMEOUT. Defaults to
 	// ShutdownTimeoutDefault.
 	ShutdownTimeout time.Duration
+	// SessionTimeout is billing's KAFKA_SESSION_TIMEOUT; its heartbeat
+	// interval is a sixth of it and its KAFKA_REBALANCE_TIMEOUT the same.
+	// The rebalance timeout matters as much: an instance restarted after a
+	// SIGKILL rejoins at once, and the broker (kfake) then waits up to the
+	// rebalance timeout for the dead member to rejoin too, while nobody
+	// consumes. A live member slower than that to finish its poll is
+	// dropped and its uncommitted records redelivered, which the inbox
+	// makes harmless. Defaults to SessionTimeoutDefault (6s).
+	SessionTimeout time.Duration
 	// Token is the bearer token the driver sends; billing gets
 	// BILLING_API_TOKENS=Token:chaos. Defaults to TokenDefault.
 	Token string
@@ -155,6 +174,7 @@ func (c *Config) withDefaults() Config {
 	durDef(&out.OpTimeout, OpTimeoutDefault)
 	durDef(&out.Quiescence, QuiescenceDefault)
 	durDef(&out.ShutdownTimeout, ShutdownTimeoutDefault)
+	durDef(&out.SessionTimeout, SessionTimeoutDefault)
 	if out.Token == "" {
 		out.Token = TokenDefault
 	}
@@ -195,6 +215,8 @@ func (c *Config) validate() error {
 		return bad("FailRate %v out of range [0,1)", c.FailRate)
 	case c.DuplicateRate > 1, c.ClientDropRate >= 1:
 		return bad("DuplicateRate must be <= 1 and ClientDropRate < 1")
+	case c.SessionTimeout < 0:
+		return bad("SessionTimeout %v is negative", c.SessionTimeout)
 	case c.Concurrency < 1:
 		return bad("Concurrency %d < 1", c.Concurrency)
 	}

@@ -58,6 +58,14 @@ type ChargeWorkerConfig struct {
 	Logger *slog.Logger
 	// ClientOpts are extra franz-go options. Defaults to none.
 	ClientOpts []kgo.Opt
+	// UnsafeNoInbox switches the worker's dedup off (BILLING_UNSAFE=inbox):
+	// no processed_event row is read or written, and each delivery charges
+	// under its own key (the command's key plus a per-delivery suffix), so
+	// a redelivered command is charged again. Both are needed for the
+	// repeat to show: with the command's key, the provider would answer
+	// the repeat from its idempotency store. For proving that the chaos
+	// audit can fail; never in production. Defaults to false.
+	UnsafeNoInbox bool
 }
 
 // ChargeWorker executes ChargeRequested commands from billing.commands.
@@ -271,6 +279,11 @@ func (w *ChargeWorker) process(rec *kgo.Record) bool {
 		w.log.Error("unprocessable command skipped", "event_id", id, "error", err)
 		return true
 	}
+	if w.cfg.UnsafeNoInbox {
+		// One key per delivery: the retries of this delivery share it; a
+		// redelivery draws a new one.
+		cmd.IdempotencyKey += deliverySuffix()
+	}
 	outcome, ok := w.charge(cmd, id)
 	if !ok {
 		return false
@@ -331,8 +344,9 @@ func (w *ChargeWorker) charge(cmd usecase.ChargeRequested, id string) (usecase.C
 func (w *ChargeWorker) record(id string, cmd usecase.ChargeRequested, o usecase.ChargeOutcome) (first bool, err error) {
 	ctx := w.hardCtx
 	err = pgx.BeginFunc(ctx, w.db, func(tx pgx.Tx) error {
-		first, err = inbox.MarkProcessedTx(ctx, tx, w.cfg.Group, id)
-		if err != nil || !first {
+		if w.cfg.UnsafeNoInbox {
+			first = true
+		} else if first, err = inbox.MarkProcessedTx(ctx, tx, w.cfg.Group, id); err != nil || !first {
 			return err
 		}
 		return usecase.RecordCharge(ctx, postgres.New(tx), cmd, o)

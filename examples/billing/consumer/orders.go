@@ -6,6 +6,8 @@ package consumer
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"log/slog"
 
@@ -30,6 +32,43 @@ const OrderGroup = "billing-service"
 // onDuplicate, if not nil, is called for each redelivered event the inbox
 // skipped.
 func NewOrderConsumer(db kafka.Beginner, brokers []string, log *slog.Logger, onDuplicate func(), opts ...kgo.Opt) (*kafka.Consumer, error) {
+	return newOrderConsumer(db, brokers, log, onDuplicate, false, opts)
+}
+
+// NewUnsafeOrderConsumer is NewOrderConsumer without the inbox
+// (BILLING_UNSAFE=inbox), for proving that the chaos audit catches what the
+// inbox prevents; never in production. See DeliveryEventID.
+func NewUnsafeOrderConsumer(db kafka.Beginner, brokers []string, log *slog.Logger, opts ...kgo.Opt) (*kafka.Consumer, error) {
+	return newOrderConsumer(db, brokers, log, nil, true, opts)
+}
+
+// DeliveryEventID is the event id of the unsafe consumers: the record's
+// event id plus a random suffix drawn for each delivery. It switches two
+// protections off at once, and the chaos audit needs both off to see a
+// double charge:
+//
+//   - the inbox: processed_event never sees the same id twice, so every
+//     redelivery (an offset not yet committed when an instance died, an
+//     event the relay published again) runs the handler again;
+//   - the provider key: the charge key is derived from the event id
+//     (event id + ":billing"), so the repeated ChargeRequested carries a
+//     new key and the provider charges again.
+//
+// With the inbox alone switched off, the repeat would emit a
+// ChargeRequested with the same key, and paysim would answer it from its
+// idempotency store: the provider key would mask the missing inbox.
+func DeliveryEventID(rec *kgo.Record) string {
+	return kafka.RecordEventID(rec) + deliverySuffix()
+}
+
+// deliverySuffix is a random "~delivery-…" tag, new on every call.
+func deliverySuffix() string {
+	var b [6]byte
+	_, _ = crand.Read(b[:])
+	return "~delivery-" + hex.EncodeToString(b[:])
+}
+
+func newOrderConsumer(db kafka.Beginner, brokers []string, log *slog.Logger, onDuplicate func(), unsafeNoInbox bool, opts []kgo.Opt) (*kafka.Consumer, error) {
 	handler := func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
 		if t := header(rec, kafka.HeaderEventType); t != "" && t != usecase.EventOrderConfirmed {
 			return nil // another event type on the topic: not ours, marked done
@@ -48,14 +87,18 @@ func NewOrderConsumer(db kafka.Beginner, brokers []string, log *slog.Logger, onD
 			}
 		}
 	}
-	return kafka.NewConsumer(db, handler, &kafka.ConsumerConfig{
+	cfg := &kafka.ConsumerConfig{
 		Brokers:     brokers,
 		Group:       OrderGroup,
 		Topics:      []string{usecase.TopicOrderEvents},
 		Logger:      log,
 		OnProcessed: onProcessed,
 		ClientOpts:  opts,
-	})
+	}
+	if unsafeNoInbox {
+		cfg.EventID = DeliveryEventID
+	}
+	return kafka.NewConsumer(db, handler, cfg)
 }
 
 func header(rec *kgo.Record, key string) string {

@@ -15,6 +15,9 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/examples/billing/adapters/out/postgres"
 	"github.com/idemkit/idem/examples/billing/domain"
@@ -78,6 +81,48 @@ type Config struct {
 	Metrics *Metrics
 	// Logger receives internal errors. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// UnsafeNoFingerprint switches the request fingerprint check off (the
+	// chaos harness's BILLING_UNSAFE=fingerprint): the fingerprint covers
+	// no body member, so a key reused with another amount replays the first
+	// answer instead of IDEMPOTENCY_KEY_REUSED. For proving the audit can
+	// fail; never in production. Defaults to false.
+	UnsafeNoFingerprint bool
+	// UnsafeNoLease switches in-flight protection off
+	// (BILLING_UNSAFE=lease): a duplicate that arrives while the first
+	// request is still running executes again. See noLeaseConfig. For
+	// proving the audit can fail; never in production. Defaults to false.
+	UnsafeNoLease bool
+}
+
+// unsafeNoSuchMember is the only body member the fingerprint covers under
+// UnsafeNoFingerprint: no request has it, so every body fingerprints alike.
+const unsafeNoSuchMember = "\x00billing-unsafe: no request has this member"
+
+// noLeaseConfig turns icfg into the "no lease" configuration of
+// UnsafeNoLease.
+//
+// In transactional mode there is no lease to shorten: the claim is an
+// advisory lock held by the request's open transaction, and the record is
+// written with the handler's writes in one commit, so a duplicate in flight
+// is told IDEMPOTENCY_KEY_IN_PROGRESS and, should it slip past the lock, its
+// commit is refused by the record's unique key and rolls its writes back.
+// Taking only the lock away would therefore still be safe. "No lease" is the
+// two-step design with a lease of (next to) nothing:
+//
+//  1. the claim commits at once with locked_until = now(), so it protects
+//     nothing while the handler runs: a duplicate arriving a moment later
+//     sees an expired lease and takes the key over;
+//  2. each handler commits its own writes (order, payment, outbox event) in
+//     its own transaction, on a context not bound to the lease;
+//  3. both runs store their answers (the later one is fenced out, its
+//     effects stay): two payments, two ChargeRequested, two charges.
+//
+// A retry after the first request completed is still replayed: only
+// concurrent duplicates get through, which is exactly what a lease is for.
+func noLeaseConfig(icfg *idempotency.Config) {
+	icfg.Mode = idempotency.ModeTwoStep
+	icfg.Lease = time.Nanosecond // rounds to 0 in the database: locked_until = now()
 }
 
 type principalKey struct{}
@@ -90,6 +135,9 @@ func principalOf(ctx context.Context) (string, bool) {
 type api struct {
 	db  idempotency.DB
 	log *slog.Logger
+	// ownTx: POST handlers run their own transaction instead of the
+	// middleware's (UnsafeNoLease).
+	ownTx bool
 }
 
 // NewHandler returns the billing API and the idempotency middleware (whose
@@ -102,7 +150,7 @@ func NewHandler(cfg Config) (http.Handler, *idempotency.Middleware, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	mw, err := idempotency.New(idempotency.NewPostgresStore(cfg.DB), &idempotency.Config{
+	icfg := &idempotency.Config{
 		Scope: func(r *http.Request) (string, error) {
 			p, ok := principalOf(r.Context())
 			if !ok {
@@ -112,11 +160,18 @@ func NewHandler(cfg Config) (http.Handler, *idempotency.Middleware, error) {
 		},
 		Mode: idempotency.ModeTransactional,
 		Hook: cfg.Metrics.IdempotencyHook,
-	})
+	}
+	if cfg.UnsafeNoFingerprint {
+		icfg.FingerprintFields = []string{unsafeNoSuchMember}
+	}
+	if cfg.UnsafeNoLease {
+		noLeaseConfig(icfg)
+	}
+	mw, err := idempotency.New(idempotency.NewPostgresStore(cfg.DB), icfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	a := &api{db: cfg.DB, log: log}
+	a := &api{db: cfg.DB, log: log, ownTx: cfg.UnsafeNoLease}
 	auth := authenticate(cfg.Tokens)
 	post := func(h http.HandlerFunc) http.Handler { return auth(mw.Wrap(h)) }
 
@@ -241,6 +296,10 @@ func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
 // run executes a use case and writes its result or its problem.
 func (a *api) run(w http.ResponseWriter, r *http.Request, okStatus int, uc func(context.Context, usecase.Repository, string) (any, error)) {
 	owner, _ := principalOf(r.Context())
+	if a.ownTx && r.Method != http.MethodGet {
+		a.runOwnTx(w, r, okStatus, owner, uc)
+		return
+	}
 	repo, ok := a.repo(r)
 	if !ok {
 		a.log.Error("billing: POST handler without the middleware's transaction", "path", r.URL.Path)
@@ -248,6 +307,26 @@ func (a *api) run(w http.ResponseWriter, r *http.Request, okStatus int, uc func(
 		return
 	}
 	v, err := uc(r.Context(), repo, owner)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(okStatus)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// runOwnTx is run for UnsafeNoLease: the use case in its own transaction,
+// committed before the answer, on a context detached from the (zero)
+// lease's deadline.
+func (a *api) runOwnTx(w http.ResponseWriter, r *http.Request, okStatus int, owner string, uc func(context.Context, usecase.Repository, string) (any, error)) {
+	var v any
+	ctx := context.WithoutCancel(r.Context())
+	err := pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
+		var err error
+		v, err = uc(ctx, postgres.New(tx), owner)
+		return err
+	})
 	if err != nil {
 		a.fail(w, r, err)
 		return
