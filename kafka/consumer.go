@@ -138,6 +138,28 @@ type ConsumerConfig struct {
 	// CommitTimeout bounds each offset commit and the final group leave.
 	// Defaults to ConsumerCommitTimeoutDefault (10s).
 	CommitTimeout time.Duration
+	// Prepare, when set, runs for each record before its transaction, with
+	// no transaction open: the place for an external call (a payment
+	// provider) whose outcome the handler then records, since no such call
+	// belongs inside a transaction. Its result reaches the handler through
+	// PreparedFromContext. Per record, step by step:
+	//
+	//  1. a read-only check of processed_event in a short transaction of
+	//     its own (ended before step 2): a record already processed skips
+	//     Prepare and is a duplicate (the handler is not called either);
+	//  2. Prepare, outside any transaction;
+	//  3. the transaction of Handler: processed_event + the handler's
+	//     effects, then the offset as usual.
+	//
+	// A crash after 2 repeats Prepare on redelivery, and a concurrent
+	// consumer may pass 1 too (its transaction then finds the duplicate):
+	// Prepare is at-least-once, so its effect must be idempotent (a call
+	// with a key fixed in the record). A Prepare error counts as a handler
+	// failure: retried with backoff, dead-lettered after MaxAttempts, at
+	// once if Permanent; a successful Prepare is not repeated when only the
+	// transaction is retried. ctx is cancelled only on a hard stop. Not
+	// allowed with Batch. Defaults to nil.
+	Prepare func(ctx context.Context, rec *kgo.Record) (any, error)
 	// OnProcessed is called after a record's transaction committed and
 	// before its offset is committed (for metrics). It must be fast.
 	// Defaults to nil.
@@ -174,6 +196,8 @@ func (c *ConsumerConfig) validate() error {
 		return bad("RetryBackoffMax %v is negative", c.RetryBackoffMax)
 	case c.CommitTimeout < 0:
 		return bad("CommitTimeout %v is negative", c.CommitTimeout)
+	case c.Prepare != nil && c.Batch:
+		return bad("Prepare and Batch are exclusive")
 	}
 	for _, t := range c.Topics {
 		if t == "" {
@@ -203,6 +227,14 @@ type eventIDKey struct{}
 func EventIDFromContext(ctx context.Context) string {
 	s, _ := ctx.Value(eventIDKey{}).(string)
 	return s
+}
+
+type preparedKey struct{}
+
+// PreparedFromContext returns the result of ConsumerConfig.Prepare for the
+// record a Handler is processing (nil without Prepare).
+func PreparedFromContext(ctx context.Context) any {
+	return ctx.Value(preparedKey{})
 }
 
 type permanentError struct{ err error }
@@ -463,11 +495,34 @@ func (c *Consumer) processEach(recs []*kgo.Record) {
 func (c *Consumer) processOne(rec *kgo.Record) bool {
 	id := c.cfg.EventID(rec)
 	ctx := context.WithValue(c.hardCtx, eventIDKey{}, id)
+	// Without an event id there is nothing to prepare: tryOne dead-letters.
+	prepared := c.cfg.Prepare == nil || id == ""
 	for attempt, failures := 1, 0; ; attempt++ {
 		if c.hardCtx.Err() != nil {
 			return false
 		}
-		outcome, herr, err := c.tryOne(ctx, rec, id)
+		var (
+			outcome   Outcome
+			herr, err error
+		)
+		if !prepared {
+			// Steps 1 and 2 of ConsumerConfig.Prepare; the transaction of
+			// step 1 is over before Prepare runs.
+			var done bool
+			if done, err = c.processed(ctx, id); err == nil {
+				if done {
+					prepared = true // tryOne finds the duplicate
+				} else if v, perr := c.cfg.Prepare(ctx, rec); perr != nil {
+					herr = perr
+				} else {
+					ctx = context.WithValue(ctx, preparedKey{}, v)
+					prepared = true
+				}
+			}
+		}
+		if prepared {
+			outcome, herr, err = c.tryOne(ctx, rec, id)
+		}
 		if err == nil && herr == nil {
 			c.finish(ctx, outcome, rec)
 			return true
@@ -495,6 +550,27 @@ func (c *Consumer) processOne(rec *kgo.Record) bool {
 			return false
 		}
 	}
+}
+
+// processed reports whether id is in processed_event for this consumer,
+// read in a transaction of its own that is over when it returns. The read
+// is only an optimisation (skip Prepare for a known repeat): tryOne's
+// MarkProcessedTx stays the decision.
+func (c *Consumer) processed(ctx context.Context, id string) (bool, error) {
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("kafka: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var done bool
+	// Raw SQL: the table belongs to package inbox, which has no read-only
+	// query; this is the one statement the adapter needs.
+	err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM processed_event WHERE consumer_id = $1 AND event_id = $2)`,
+		c.cfg.ConsumerID, id).Scan(&done)
+	if err != nil {
+		return false, fmt.Errorf("kafka: read processed_event: %w", err)
+	}
+	return done, nil
 }
 
 // tryOne is one attempt: begin, mark, handle, commit. herr is the handler's
