@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"sync"
+	"math"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,19 +14,16 @@ import (
 
 	"github.com/idemkit/idem/examples/billing/adapters/out/postgres"
 	"github.com/idemkit/idem/examples/billing/usecase"
-	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/kafka"
 )
 
 // Charge worker defaults.
 const (
-	ChargeGroupDefault       = "billing-charger"
-	CallTimeoutDefault       = 20 * time.Second
-	RetryBackoffDefault      = 200 * time.Millisecond
-	RetryBackoffMaxDefault   = 5 * time.Second
-	ChargeMaxPollDefault     = 100
-	chargeCommitTimeout      = 5 * time.Second
-	chargeLeaveGroupDeadline = 5 * time.Second
+	ChargeGroupDefault     = "billing-charger"
+	CallTimeoutDefault     = 20 * time.Second
+	RetryBackoffDefault    = 200 * time.Millisecond
+	RetryBackoffMaxDefault = 5 * time.Second
+	ChargeMaxPollDefault   = 100
 )
 
 // ChargeWorkerConfig configures a ChargeWorker.
@@ -40,7 +37,8 @@ type ChargeWorkerConfig struct {
 	// to CallTimeoutDefault (20s).
 	CallTimeout time.Duration
 	// RetryBackoff is the first pause after an unknown outcome or a
-	// database error; it doubles up to RetryBackoffMax. Defaults to
+	// database error; it doubles up to RetryBackoffMax (kafka.Consumer's
+	// backoff, which a soft stop ends). Defaults to
 	// RetryBackoffDefault (200ms) and RetryBackoffMaxDefault (5s).
 	RetryBackoff    time.Duration
 	RetryBackoffMax time.Duration
@@ -59,51 +57,46 @@ type ChargeWorkerConfig struct {
 	// ClientOpts are extra franz-go options. Defaults to none.
 	ClientOpts []kgo.Opt
 	// UnsafeNoInbox switches the worker's dedup off (BILLING_UNSAFE=inbox):
-	// no processed_event row is read or written, and each delivery charges
-	// under its own key (the command's key plus a per-delivery suffix), so
-	// a redelivered command is charged again. Both are needed for the
+	// each delivery gets its own event id (DeliveryEventID), so
+	// processed_event never recognises a repeat, and charges under its own
+	// key (the command's key plus the same per-delivery suffix), so a
+	// redelivered command is charged again. Both are needed for the
 	// repeat to show: with the command's key, the provider would answer
 	// the repeat from its idempotency store. For proving that the chaos
 	// audit can fail; never in production. Defaults to false.
 	UnsafeNoInbox bool
 }
 
-// ChargeWorker executes ChargeRequested commands from billing.commands.
+// ChargeWorker executes ChargeRequested commands from billing.commands, as
+// a kafka.Consumer whose Prepare step calls the provider outside any
+// transaction (the call can take seconds; a transaction held open that long
+// pins a connection and the processed_event row). Per record, step by step:
 //
-// It does not use kafka.Consumer, whose handler runs inside the inbox
-// transaction: the provider call must happen outside any transaction (it
-// can take seconds; a transaction held open that long pins a connection and
-// the processed_event row). Per record, step by step:
+//  1. kafka.Consumer checks processed_event (read-only): a command already
+//     settled is a duplicate, the provider is not called again;
+//  2. Prepare: the provider call with the command's key (idemclient retries
+//     inside the call with the same key); no transaction is open. An
+//     unknown outcome is an error: retried with backoff, with the same key,
+//     for as long as it takes (MaxAttempts is unbounded: a charge is never
+//     dead-lettered for a provider outage);
+//  3. one transaction: processed_event(event id) + the target's status
+//     (CHARGED or FAILED); then the offset.
 //
-//  1. call the provider with the command's key (idemclient retries inside
-//     the call with the same key); no transaction is open;
-//  2. one transaction: processed_event(event id) + the target's status
-//     (CHARGED or FAILED); a duplicate (first == false) changes nothing;
-//  3. mark the offset; offsets are committed after each poll.
-//
-// A crash after 1 repeats the call on redelivery with the same key: the
+// A crash after 2 repeats the call on redelivery with the same key: the
 // provider answers from its idempotency store, nothing is charged twice. A
-// crash after 2 redelivers a record whose processed_event row exists: the
-// call is repeated (a stored answer) and the transaction changes nothing.
-//
-// TODO(kafka): kafka.Consumer could grow a "before the transaction" step
-// (an effect run outside the tx, its result handed to the handler); this
-// loop would then be a Handler like NewOrderConsumer.
+// crash after 3 redelivers a record whose processed_event row exists: step
+// 1 skips it.
 type ChargeWorker struct {
-	db  kafka.Beginner
-	gw  usecase.PaymentGateway
-	cfg ChargeWorkerConfig
+	c   *kafka.Consumer
 	log *slog.Logger
-
-	mu      sync.Mutex
-	started bool
-	cl      *kgo.Client
-	softCtx context.Context
-	soft    context.CancelFunc
-	hardCtx context.Context
-	hard    context.CancelFunc
-	done    chan struct{}
 }
+
+// chargeAttemptsUnbounded is the worker's kafka.ConsumerConfig.MaxAttempts:
+// an unknown outcome is retried until the provider answers.
+const chargeAttemptsUnbounded = math.MaxInt32
+
+// skipped is Prepare's result for a command that can never be charged.
+type skipped struct{}
 
 // NewChargeWorker validates cfg; nothing connects until Start.
 func NewChargeWorker(db kafka.Beginner, gw usecase.PaymentGateway, cfg *ChargeWorkerConfig) (*ChargeWorker, error) {
@@ -137,239 +130,111 @@ func NewChargeWorker(db kafka.Beginner, gw usecase.PaymentGateway, cfg *ChargeWo
 	if log == nil {
 		log = slog.Default()
 	}
-	return &ChargeWorker{db: db, gw: gw, cfg: c, log: log.With("worker", c.Group)}, nil
+	log = log.With("worker", c.Group)
+
+	prepare := func(ctx context.Context, rec *kgo.Record) (any, error) {
+		cmd, err := usecase.ParseChargeRequested(rec.Value)
+		if err != nil {
+			// Nothing can ever charge this command: say so loudly and
+			// move on (the transaction records it as processed).
+			log.Error("unprocessable command skipped", "event_id", kafka.EventIDFromContext(ctx), "error", err)
+			return skipped{}, nil
+		}
+		if c.UnsafeNoInbox {
+			// One key per delivery: DeliveryEventID's suffix. The retries
+			// of this delivery share it; a redelivery draws a new one.
+			cmd.IdempotencyKey += strings.TrimPrefix(kafka.EventIDFromContext(ctx), kafka.RecordEventID(rec))
+		}
+		cctx, cancel := context.WithTimeout(ctx, c.CallTimeout)
+		res, err := gw.Charge(cctx, cmd)
+		cancel()
+		switch {
+		case err == nil:
+			if res.Replayed && c.OnProviderReplay != nil {
+				c.OnProviderReplay()
+			}
+			return chargeResult{cmd: cmd, outcome: usecase.ChargeOutcome{Charged: true, ChargeID: res.ID}}, nil
+		case errors.Is(err, usecase.ErrChargeDeclined):
+			return chargeResult{cmd: cmd, outcome: usecase.ChargeOutcome{Failure: truncate(err.Error(), 500)}}, nil
+		}
+		return nil, fmt.Errorf("charge outcome unknown for %s (retried with the same key): %w", cmd.TargetID, err)
+	}
+	handler := func(ctx context.Context, tx pgx.Tx, _ *kgo.Record) error {
+		r, ok := kafka.PreparedFromContext(ctx).(chargeResult)
+		if !ok {
+			return nil // skipped
+		}
+		return usecase.RecordCharge(ctx, postgres.New(tx), r.cmd, r.outcome)
+	}
+	onProcessed := func(ctx context.Context, _ *kgo.Record, o kafka.Outcome) {
+		switch o {
+		case kafka.OutcomeDuplicate:
+			if c.OnDuplicate != nil {
+				c.OnDuplicate()
+			}
+		case kafka.OutcomeHandled:
+			r, ok := kafka.PreparedFromContext(ctx).(chargeResult)
+			if ok && c.OnSettled != nil {
+				name := "charged"
+				if !r.outcome.Charged {
+					name = "failed"
+				}
+				c.OnSettled(r.cmd.Target, name)
+			}
+		}
+	}
+	kcfg := &kafka.ConsumerConfig{
+		Brokers:         c.Brokers,
+		Group:           c.Group,
+		Topics:          []string{usecase.TopicBillingCommands},
+		MaxPollRecords:  ChargeMaxPollDefault,
+		MaxAttempts:     chargeAttemptsUnbounded,
+		RetryBackoff:    c.RetryBackoff,
+		RetryBackoffMax: c.RetryBackoffMax,
+		Prepare:         prepare,
+		OnProcessed:     onProcessed,
+		Logger:          log,
+		ClientOpts:      c.ClientOpts,
+	}
+	if c.UnsafeNoInbox {
+		kcfg.EventID = DeliveryEventID
+	}
+	kc, err := kafka.NewConsumer(db, handler, kcfg)
+	if err != nil {
+		return nil, fmt.Errorf("billing: charge worker: %w", err)
+	}
+	return &ChargeWorker{c: kc, log: log}, nil
+}
+
+// chargeResult is Prepare's result: the command and the provider's final
+// answer, recorded by the handler.
+type chargeResult struct {
+	cmd     usecase.ChargeRequested
+	outcome usecase.ChargeOutcome
 }
 
 // Start joins the group and runs the worker until Stop. ctx's values reach
 // every call; its cancellation is not used (Stop and HardStop are).
 func (w *ChargeWorker) Start(ctx context.Context) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.started {
-		return nil
-	}
-	opts := append([]kgo.Opt{
-		kgo.SeedBrokers(w.cfg.Brokers...),
-		kgo.ConsumerGroup(w.cfg.Group),
-		kgo.ConsumeTopics(usecase.TopicBillingCommands),
-		kgo.AutoCommitMarks(),
-		// No revoke while a poll is in hand: an offset is never committed
-		// for a partition lost mid-record.
-		kgo.BlockRebalanceOnPoll(),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-	}, w.cfg.ClientOpts...)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return fmt.Errorf("billing: charge worker client: %w", err)
-	}
-	w.cl = cl
-	base := context.WithoutCancel(ctx)
-	w.hardCtx, w.hard = context.WithCancel(base)
-	w.softCtx, w.soft = context.WithCancel(w.hardCtx)
-	w.done = make(chan struct{})
-	w.started = true
-	go w.run()
-	return nil
+	return w.c.Start(context.WithoutCancel(ctx))
 }
 
-// Stop is the soft stop: no new record is taken; the records in hand
-// finish (call and transaction); offsets are committed; the group is left.
-// When ctx ends first it returns ctx.Err() and the records in hand go on
-// until HardStop. Safe before Start and twice.
-func (w *ChargeWorker) Stop(ctx context.Context) error {
-	w.mu.Lock()
-	started := w.started
-	w.mu.Unlock()
-	if !started {
-		return nil
-	}
-	w.soft()
-	select {
-	case <-w.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// HardStop cancels the calls and transactions in hand: their records stay
-// uncommitted and are redelivered, later, with the same key. Safe before
+// Stop is the soft stop: no new record is taken; the record in hand
+// finishes (call and transaction) unless it waits between attempts;
+// offsets are committed; the group is left. When ctx ends first the call
+// in hand is cancelled (a hard stop) and Stop returns ctx.Err(). Safe before
 // Start and twice.
+func (w *ChargeWorker) Stop(ctx context.Context) error { return w.c.Stop(ctx) }
+
+// HardStop cancels the call and transaction in hand: the record stays
+// uncommitted and is redelivered, later, with the same key; it waits, up to
+// ctx, for the worker to commit what is done and leave. Safe before Start
+// and twice.
 func (w *ChargeWorker) HardStop(ctx context.Context) error {
-	w.mu.Lock()
-	started := w.started
-	w.mu.Unlock()
-	if !started {
-		return nil
-	}
-	w.hard()
-	select {
-	case <-w.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (w *ChargeWorker) stopping() bool { return w.softCtx.Err() != nil }
-
-func (w *ChargeWorker) run() {
-	defer close(w.done)
-	for !w.stopping() {
-		fs := w.cl.PollRecords(w.softCtx, ChargeMaxPollDefault)
-		if fs.IsClientClosed() {
-			break
-		}
-		fs.EachError(func(topic string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) {
-				w.log.Warn("fetch", "topic", topic, "partition", p, "error", err)
-			}
-		})
-		// Partitions are independent: run them concurrently, each in
-		// order, so one slow charge does not hold the others.
-		var wg sync.WaitGroup
-		fs.EachPartition(func(p kgo.FetchTopicPartition) {
-			if len(p.Records) == 0 {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for _, rec := range p.Records {
-					if w.stopping() || !w.process(rec) {
-						return // the rest stays uncommitted: redelivered
-					}
-					w.cl.MarkCommitRecords(rec)
-				}
-			}()
-		})
-		wg.Wait()
-		w.commit()
-		w.cl.AllowRebalance()
-	}
-	// Exit, step by step: commit what is done (bounded, even after a hard
-	// stop), allow the rebalance that leaving triggers (with
-	// BlockRebalanceOnPoll a leave waits for it: the classic Close hang),
-	// leave the group so another member takes over at once, close.
-	w.commit()
-	w.cl.AllowRebalance()
-	lctx, cancel := context.WithTimeout(context.Background(), chargeLeaveGroupDeadline)
-	if err := w.cl.LeaveGroupContext(lctx); err != nil {
-		w.log.Warn("leave group", "error", err)
-	}
+	now, cancel := context.WithCancel(context.Background())
 	cancel()
-	w.cl.Close()
-}
-
-func (w *ChargeWorker) commit() {
-	ctx, cancel := context.WithTimeout(context.Background(), chargeCommitTimeout)
-	defer cancel()
-	if err := w.cl.CommitMarkedOffsets(ctx); err != nil {
-		w.log.Warn("offset commit", "error", err)
-	}
-}
-
-// process drives one record to a committed outcome; false when a stop
-// interrupted it (the record is then not done).
-func (w *ChargeWorker) process(rec *kgo.Record) bool {
-	id := kafka.RecordEventID(rec)
-	cmd, err := usecase.ParseChargeRequested(rec.Value)
-	if err != nil {
-		// Nothing can ever charge this command: say so loudly and move on.
-		w.log.Error("unprocessable command skipped", "event_id", id, "error", err)
-		return true
-	}
-	if w.cfg.UnsafeNoInbox {
-		// One key per delivery: the retries of this delivery share it; a
-		// redelivery draws a new one.
-		cmd.IdempotencyKey += deliverySuffix()
-	}
-	outcome, ok := w.charge(cmd, id)
-	if !ok {
-		return false
-	}
-	for attempt := 1; ; attempt++ {
-		first, err := w.record(id, cmd, outcome)
-		if err == nil {
-			if !first && w.cfg.OnDuplicate != nil {
-				w.cfg.OnDuplicate()
-			}
-			if first && w.cfg.OnSettled != nil {
-				name := "charged"
-				if !outcome.Charged {
-					name = "failed"
-				}
-				w.cfg.OnSettled(cmd.Target, name)
-			}
-			return true
-		}
-		if w.hardCtx.Err() != nil {
-			return false
-		}
-		w.log.Warn("recording charge failed; retrying", "event_id", id, "error", err)
-		if !w.backoff(attempt, w.hardCtx) {
-			return false
-		}
-	}
-}
-
-// charge calls the provider until it gives a final answer; false on a
-// stop. A soft stop does not interrupt a call in hand (the call has a key
-// and a deadline); it does end the waits between calls.
-func (w *ChargeWorker) charge(cmd usecase.ChargeRequested, id string) (usecase.ChargeOutcome, bool) {
-	for attempt := 1; ; attempt++ {
-		ctx, cancel := context.WithTimeout(w.hardCtx, w.cfg.CallTimeout)
-		res, err := w.gw.Charge(ctx, cmd)
-		cancel()
-		switch {
-		case err == nil:
-			if res.Replayed && w.cfg.OnProviderReplay != nil {
-				w.cfg.OnProviderReplay()
-			}
-			return usecase.ChargeOutcome{Charged: true, ChargeID: res.ID}, true
-		case errors.Is(err, usecase.ErrChargeDeclined):
-			return usecase.ChargeOutcome{Failure: truncate(err.Error(), 500)}, true
-		case w.hardCtx.Err() != nil:
-			return usecase.ChargeOutcome{}, false
-		}
-		w.log.Warn("charge outcome unknown; retrying with the same key", "event_id", id, "target", cmd.TargetID, "attempt", attempt, "error", err)
-		if !w.backoff(attempt, w.softCtx) {
-			return usecase.ChargeOutcome{}, false
-		}
-	}
-}
-
-// record is step 2: processed_event and the target's status in one
-// transaction.
-func (w *ChargeWorker) record(id string, cmd usecase.ChargeRequested, o usecase.ChargeOutcome) (first bool, err error) {
-	ctx := w.hardCtx
-	err = pgx.BeginFunc(ctx, w.db, func(tx pgx.Tx) error {
-		if w.cfg.UnsafeNoInbox {
-			first = true
-		} else if first, err = inbox.MarkProcessedTx(ctx, tx, w.cfg.Group, id); err != nil || !first {
-			return err
-		}
-		return usecase.RecordCharge(ctx, postgres.New(tx), cmd, o)
-	})
-	return first, err
-}
-
-// backoff waits before attempt+1; false when stop ends first.
-func (w *ChargeWorker) backoff(attempt int, stop context.Context) bool {
-	d := w.cfg.RetryBackoff
-	for i := 1; i < attempt && d < w.cfg.RetryBackoffMax; i++ {
-		d *= 2
-	}
-	d = min(d, w.cfg.RetryBackoffMax)
-	d = time.Duration(float64(d) * (0.75 + 0.5*rand.Float64()))
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-stop.Done():
-		return false
-	}
+	_ = w.c.Stop(now) // an ended ctx: the consumer's hard stop
+	return w.c.Stop(ctx)
 }
 
 func truncate(s string, n int) string {
