@@ -278,7 +278,8 @@ func IsPermanent(err error) bool {
 // MaxAttempts, so it cannot block its partition.
 //
 // Not guaranteed: effects outside the handler's transaction (they may
-// repeat: use an outbox row instead); dead-letter records are at-least-once
+// repeat: use an outbox row instead, or ConsumerConfig.Prepare for a call
+// that carries its own idempotency key: Prepare is at-least-once); dead-letter records are at-least-once
 // (a crash after the dead-letter produce and before the offset commit sends
 // the record again); duplicates older than the processed_event retention
 // are handled again; a deterministic failure of the transaction itself (not
