@@ -613,3 +613,37 @@ func TestNewRelayValidates(t *testing.T) {
 		t.Errorf("nil config: %v", err)
 	}
 }
+
+// A publish that outlives the batch (a broker that does not answer) is cut
+// off early enough for the batch to record the failure: the attempt is
+// counted, the error kept and the event is PENDING again with a backoff, in
+// both modes. Without the reserve the mark ran on the expired context: in
+// two-phase mode the event stayed PUBLISHING until the reaper's LeaseTTL.
+func TestPublishTimeoutIsRecorded(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []outbox.Mode{outbox.AtLeastOnce, outbox.TwoPhase} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t)
+			rec := newRecorder()
+			rec.release = make(chan struct{}) // never closed: only ctx ends the publish
+			r := newRelay(t, db, rec, outbox.RelayConfig{Mode: mode, DisableNotify: true, BatchTimeout: 400 * time.Millisecond})
+			enqueue(t, db.Pool, msg("a", 1))
+			if n, err := r.RunBatch(context.Background()); n != 1 || err == nil {
+				t.Fatalf("RunBatch = %d, %v; want 1 event and the publish error", n, err)
+			}
+			var status, lastErr string
+			var attempts int
+			var backoff bool
+			if err := db.Pool.QueryRow(context.Background(),
+				`SELECT status, attempts, coalesce(last_error, ''), available_at > now() FROM outbox_event`).
+				Scan(&status, &attempts, &lastErr, &backoff); err != nil {
+				t.Fatal(err)
+			}
+			if status != "PENDING" || attempts != 1 || !strings.Contains(lastErr, "deadline") || !backoff {
+				t.Fatalf("after a timed-out publish: status %s, attempts %d, last_error %q, backoff %v; want PENDING, 1, a deadline error, true",
+					status, attempts, lastErr, backoff)
+			}
+		})
+	}
+}

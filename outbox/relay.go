@@ -77,7 +77,9 @@ type RelayConfig struct {
 	// Defaults to BatchSizeDefault (500).
 	BatchSize int
 	// BatchTimeout bounds one batch — claim, publish and mark share one
-	// context.WithTimeout(context.WithoutCancel(ctx), BatchTimeout).
+	// context.WithTimeout(context.WithoutCancel(ctx), BatchTimeout); the
+	// publisher gets a child of it that ends a quarter early, which is kept
+	// for recording the outcome.
 	// Defaults to BatchTimeoutDefault (10s).
 	BatchTimeout time.Duration
 	// PollInterval is how long an idle relay waits when no NOTIFY comes.
@@ -359,6 +361,24 @@ func (r *Relay) RunBatch(ctx context.Context) (int, error) {
 	return r.batchAtLeastOnce(bctx)
 }
 
+// publish runs the publisher on a child of the batch context that ends a
+// quarter of BatchTimeout early. A publish that cannot finish (a broker
+// down, say) then still leaves the batch the time to record the failure:
+//  1. the events get their attempt counted, last_error and a backoff, and
+//     go back to PENDING (two-phase) or stay PENDING (at-least-once);
+//  2. without the reserve, the mark would fail on the same expired
+//     context, and in two-phase mode the rows would stay PUBLISHING until
+//     the reaper took them after LeaseTTL — a minute of silence for the
+//     aggregates involved.
+func (r *Relay) publish(ctx context.Context, events []Event) error {
+	if dl, ok := ctx.Deadline(); ok {
+		pctx, cancel := context.WithDeadline(ctx, dl.Add(-r.cfg.BatchTimeout/4))
+		defer cancel()
+		return r.pub.Publish(pctx, events)
+	}
+	return r.pub.Publish(ctx, events)
+}
+
 func (r *Relay) batchAtLeastOnce(ctx context.Context) (int, error) {
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
@@ -378,7 +398,7 @@ func (r *Relay) batchAtLeastOnce(ctx context.Context) (int, error) {
 		events[i] = eventFrom(dbsqlc.ClaimLeaseRow(row))
 	}
 	sortEvents(events)
-	o := r.outcome(events, r.pub.Publish(ctx, events))
+	o := r.outcome(events, r.publish(ctx, events))
 	if len(o.ok) > 0 {
 		if _, err := q.MarkPublishedLocked(ctx, o.ok); err != nil {
 			return len(rows), fmt.Errorf("outbox: mark published: %w", err)
@@ -420,7 +440,7 @@ func (r *Relay) batchTwoPhase(ctx context.Context) (int, error) {
 	// A crash here (after the claim, before or during the publish) leaves
 	// the rows PUBLISHING; after LeaseTTL the reaper returns them to
 	// PENDING and another relay (or this one, restarted) publishes them.
-	o := r.outcome(events, r.pub.Publish(ctx, events))
+	o := r.outcome(events, r.publish(ctx, events))
 	// Phase 2: every update is guarded by the token. If this batch was so
 	// slow that the reaper took the lease back:
 	//  1. the rows went PENDING (token cleared) and perhaps were claimed
