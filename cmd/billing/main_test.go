@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +19,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idem/internal/testbin"
 	"github.com/idemkit/idem/paysim"
 )
 
@@ -34,13 +34,8 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	billingBin = filepath.Join(dir, "billing")
-	args := []string{"build", "-o", billingBin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	if out, err := exec.Command("go", append(args, ".")...).CombinedOutput(); err != nil {
-		panic("build billing: " + err.Error() + "\n" + string(out))
+	if billingBin, err = testbin.Build(dir, "billing", ".", testbin.Race); err != nil {
+		panic(err)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)

@@ -3,11 +3,11 @@ package chaos
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/idemkit/idem/internal/testbin"
 )
 
 // Binaries built once for the package's tests. A build failure (billing
@@ -22,16 +22,10 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	build := func(name, pkg string) (string, error) {
-		p := filepath.Join(dir, name)
-		out, err := exec.Command("go", "build", "-o", p, pkg).CombinedOutput()
-		if err != nil {
-			return "", fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
-		}
-		return p, nil
-	}
-	idemBin, idemErr = build("idem", "github.com/idemkit/idem/cmd/idem")
-	billingBin, billingErr = build("billing", "github.com/idemkit/idem/cmd/billing")
+	// Without the race detector, to keep the long chaos runs short;
+	// cmd/billing's process tests run billing with it.
+	idemBin, idemErr = testbin.Build(dir, "idem", "github.com/idemkit/idem/cmd/idem", false)
+	billingBin, billingErr = testbin.Build(dir, "billing", "github.com/idemkit/idem/cmd/billing", false)
 	code := m.Run()
 	os.RemoveAll(dir)
 	if code == 0 {
