@@ -43,6 +43,10 @@ Environment:
                             session timeout (default 1s)
   KAFKA_REBALANCE_TIMEOUT   how long a member may take to rejoin a rebalance
                             (default 30s)
+  OUTBOX_LEASE_TTL          how long the outbox rows of a relay killed mid-batch
+                            wait before the reaper returns them (default 60s;
+                            must exceed twice the relay's batch timeout, which
+                            is min(10s, about 15% of SHUTDOWN_TIMEOUT))
   BILLING_UNSAFE            inbox, fingerprint or lease: switch that protection
                             off so that billing chaos can prove its audit
                             catches the double charges (default: none; never
@@ -82,6 +86,10 @@ func serve(ctx context.Context, args []string) error {
 		return err
 	}
 	rebalance, err := cli.DurationEnv("KAFKA_REBALANCE_TIMEOUT", app.RebalanceTimeoutDefault)
+	if err != nil {
+		return err
+	}
+	leaseTTL, err := cli.DurationEnv("OUTBOX_LEASE_TTL", app.OutboxLeaseTTLDefault)
 	if err != nil {
 		return err
 	}
@@ -127,6 +135,7 @@ func serve(ctx context.Context, args []string) error {
 		SessionTimeout:    session,
 		HeartbeatInterval: heartbeat,
 		RebalanceTimeout:  rebalance,
+		OutboxLeaseTTL:    leaseTTL,
 		Unsafe:            unsafe,
 		Logger:            log,
 		OnListening: func(a net.Addr) {

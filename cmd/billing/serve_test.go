@@ -157,6 +157,7 @@ func TestServeUsage(t *testing.T) {
 		{"stray argument", nil, []string{"serve", "now"}, `unexpected argument "now"`},
 		{"bad session timeout", []string{"KAFKA_SESSION_TIMEOUT=soon"}, []string{"serve"}, "KAFKA_SESSION_TIMEOUT"},
 		{"bad rebalance timeout", []string{"KAFKA_REBALANCE_TIMEOUT=-1s"}, []string{"serve"}, "KAFKA_REBALANCE_TIMEOUT"},
+		{"bad outbox lease", []string{"OUTBOX_LEASE_TTL=soon"}, []string{"serve"}, "OUTBOX_LEASE_TTL"},
 		{"unknown unsafe layer", []string{"BILLING_UNSAFE=key"}, []string{"serve"}, "BILLING_UNSAFE"},
 		{"heartbeat not below session", []string{"KAFKA_SESSION_TIMEOUT=6s", "KAFKA_HEARTBEAT_INTERVAL=6s"}, []string{"serve"}, "KAFKA_HEARTBEAT_INTERVAL"},
 	}
@@ -167,7 +168,7 @@ func TestServeUsage(t *testing.T) {
 		}
 	}
 	stdout, _, code := runBilling(t, nil, "serve", "--help")
-	for _, want := range []string{"SHUTDOWN_TIMEOUT", "KAFKA_SESSION_TIMEOUT", "KAFKA_HEARTBEAT_INTERVAL", "KAFKA_REBALANCE_TIMEOUT", "BILLING_UNSAFE"} {
+	for _, want := range []string{"SHUTDOWN_TIMEOUT", "KAFKA_SESSION_TIMEOUT", "KAFKA_HEARTBEAT_INTERVAL", "KAFKA_REBALANCE_TIMEOUT", "OUTBOX_LEASE_TTL", "BILLING_UNSAFE"} {
 		if code != 0 || !strings.Contains(stdout, want) {
 			t.Errorf("--help: exit %d, no %s in %q", code, want, stdout)
 		}

@@ -125,6 +125,9 @@ const (
 	// does not expire it sooner: kfake waits the whole timeout, during
 	// which the group consumes nothing.
 	RebalanceTimeoutDefault = 30 * time.Second
+	// OutboxLeaseTTLDefault is how long the outbox rows of a relay that
+	// died mid-batch stay PUBLISHING before the reaper returns them.
+	OutboxLeaseTTLDefault = outbox.LeaseTTLDefault
 )
 
 // Config configures Run.
@@ -165,6 +168,12 @@ type Config struct {
 	// RebalanceTimeout is how long a member may take to rejoin a
 	// rebalance. Defaults to RebalanceTimeoutDefault (30s).
 	RebalanceTimeout time.Duration
+	// OutboxLeaseTTL is how long the outbox rows of a relay that died
+	// mid-batch (SIGKILL) stay PUBLISHING before the reaper returns them to
+	// PENDING; it must exceed twice the relay's batch timeout (at most
+	// 10s, less with a short ShutdownTimeout). Defaults to
+	// OutboxLeaseTTLDefault (60s).
+	OutboxLeaseTTL time.Duration
 	// Unsafe switches one protection off: UnsafeInbox, UnsafeFingerprint
 	// or UnsafeLease; for the chaos harness only. Defaults to "" (every
 	// protection on).
@@ -224,8 +233,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		rebalance = RebalanceTimeoutDefault
 	}
 	switch {
-	case session < 0 || heartbeat < 0 || rebalance < 0:
-		return errors.New("billing: SessionTimeout, HeartbeatInterval and RebalanceTimeout must not be negative")
+	case session < 0 || heartbeat < 0 || rebalance < 0 || cfg.OutboxLeaseTTL < 0:
+		return errors.New("billing: SessionTimeout, HeartbeatInterval, RebalanceTimeout and OutboxLeaseTTL must not be negative")
 	case heartbeat >= session:
 		return fmt.Errorf("billing: HeartbeatInterval %s must be below SessionTimeout %s", heartbeat, session)
 	}
@@ -331,7 +340,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		// The batch in hand must finish inside the relay's stage: its
 		// timeout is below the stage's budget.
 		batchTimeout := min(outbox.BatchTimeoutDefault, share(20)*3/4)
-		loops, err := scheduler.New(pool, pub, batchTimeout, log)
+		loops, err := scheduler.New(pool, pub, batchTimeout, cfg.OutboxLeaseTTL, log)
 		if err != nil {
 			return err
 		}

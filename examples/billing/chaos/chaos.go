@@ -179,6 +179,9 @@ func (r *run) execute(ctx context.Context) error {
 			"KAFKA_SESSION_TIMEOUT=" + c.SessionTimeout.String(),
 			"KAFKA_HEARTBEAT_INTERVAL=" + (c.SessionTimeout / 6).String(),
 			"KAFKA_REBALANCE_TIMEOUT=" + c.SessionTimeout.String(),
+			// The rows of a relay SIGKILLed mid-batch come back after this,
+			// not after the minute a production lease waits.
+			"OUTBOX_LEASE_TTL=" + outboxLeaseTTL(c.ShutdownTimeout).String(),
 		}
 		if c.Unsafe != "" && c.Unsafe != UnsafeKey {
 			env = append(env, "BILLING_UNSAFE="+c.Unsafe)

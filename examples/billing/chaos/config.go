@@ -42,6 +42,9 @@ const (
 	OpTimeoutDefault       = 90 * time.Second
 	QuiescenceDefault      = 3 * time.Minute
 	ShutdownTimeoutDefault = 10 * time.Second
+	// OutboxLeaseTTLMin is billing's OUTBOX_LEASE_TTL in a chaos run with
+	// the default ShutdownTimeout; see outboxLeaseTTL.
+	OutboxLeaseTTLMin = 5 * time.Second
 	// SessionTimeoutDefault is billing's KAFKA_SESSION_TIMEOUT in a chaos
 	// run: the broker's minimum, so that the partitions of a SIGKILLed
 	// instance move to a live one within seconds and a run's quiescence is
@@ -226,4 +229,12 @@ func (c *Config) validate() error {
 		return bad("Unsafe %q: want key, inbox, fingerprint or lease", c.Unsafe)
 	}
 	return nil
+}
+
+// outboxLeaseTTL is the outbox lease for billing instances stopped within
+// shutdown: short, so that a SIGKILLed relay's rows return in seconds, but
+// above twice billing's relay batch timeout (about 15% of shutdown, at most
+// 10s), which the relay requires.
+func outboxLeaseTTL(shutdown time.Duration) time.Duration {
+	return max(OutboxLeaseTTLMin, shutdown*4/10)
 }

@@ -31,9 +31,12 @@ func (r *Relay) HardStop(ctx context.Context) error { return r.StopAndCancel(ctx
 
 // New returns the relay publishing through pub, each batch bounded by
 // batchTimeout (keep it below the relay's shutdown budget, so that the
-// batch in hand finishes inside it), and the inbox purger.
-func New(db DB, pub outbox.Publisher, batchTimeout time.Duration, log *slog.Logger) ([]lifecycle.Component, error) {
-	relay, err := outbox.NewRelay(db, pub, &outbox.RelayConfig{Mode: outbox.TwoPhase, BatchTimeout: batchTimeout, Logger: log})
+// batch in hand finishes inside it), and the inbox purger. leaseTTL is how
+// long the rows of a relay that died mid-batch stay PUBLISHING before the
+// reaper returns them (0: outbox.LeaseTTLDefault); it must exceed twice
+// batchTimeout.
+func New(db DB, pub outbox.Publisher, batchTimeout, leaseTTL time.Duration, log *slog.Logger) ([]lifecycle.Component, error) {
+	relay, err := outbox.NewRelay(db, pub, &outbox.RelayConfig{Mode: outbox.TwoPhase, BatchTimeout: batchTimeout, LeaseTTL: leaseTTL, Logger: log})
 	if err != nil {
 		return nil, err
 	}
