@@ -185,7 +185,11 @@ func TestServeUsage(t *testing.T) {
 func TestKilledInstanceLeavesGroupsAtSessionTimeout(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, nil)
-	env := append(s.env, "KAFKA_SESSION_TIMEOUT=6s", "KAFKA_HEARTBEAT_INTERVAL=500ms")
+	// The rebalance timeout too: when the dead member's session expires,
+	// the broker rebalances, and kfake waits up to the rebalance timeout for
+	// members to rejoin; with the 30s default that wait alone could reach
+	// the bound below on a loaded machine.
+	env := append(s.env, "KAFKA_SESSION_TIMEOUT=6s", "KAFKA_HEARTBEAT_INTERVAL=500ms", "KAFKA_REBALANCE_TIMEOUT=6s")
 	a := startServe(t, env, "--roles", "consumer,charger")
 	b := startServe(t, env, "--roles", "consumer,charger")
 	adm := kadm.NewClient(s.kc.Client(t))
