@@ -2,7 +2,6 @@ package lifecycle_test
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -10,10 +9,11 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/testbin"
 )
 
 // proc is the helper process under test.
@@ -21,26 +21,9 @@ type proc struct {
 	t      *testing.T
 	cmd    *exec.Cmd
 	lines  chan string // stdout, line by line
-	stderr *lockedBuffer
+	stderr *testbin.Buffer
 	exited chan struct{}
 	code   int
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func startHelper(t *testing.T, timeout, stages string) *proc {
@@ -51,7 +34,7 @@ func startHelper(t *testing.T, timeout, stages string) *proc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{t: t, cmd: cmd, lines: make(chan string, 100), stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	p := &proc{t: t, cmd: cmd, lines: make(chan string, 100), stderr: &testbin.Buffer{}, exited: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -52,37 +50,7 @@ func TestMain(m *testing.M) {
 // the exit status.
 func runBilling(t *testing.T, env []string, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.Command(billingBin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	var stdout, stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	code := 0
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return stdout.String(), stderr.String(), code
-}
-
-// syncBuffer is a goroutine-safe buffer for a child's output.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	return testbin.Run(t, billingBin, env, args...)
 }
 
 // serveProc is a running `billing serve`.
@@ -90,7 +58,7 @@ type serveProc struct {
 	t      *testing.T
 	cmd    *exec.Cmd
 	Addr   string // bound HTTP address
-	stderr *syncBuffer
+	stderr *testbin.Buffer
 	exited chan struct{}
 	code   int
 }
@@ -113,7 +81,7 @@ func startServe(t *testing.T, env []string, args ...string) *serveProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &serveProc{t: t, cmd: cmd, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	p := &serveProc{t: t, cmd: cmd, stderr: &testbin.Buffer{}, exited: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

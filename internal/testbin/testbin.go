@@ -4,9 +4,14 @@
 package testbin
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 )
 
@@ -35,4 +40,44 @@ func BuildT(t testing.TB, pkg string) string {
 		t.Fatal(err)
 	}
 	return bin
+}
+
+// Run runs bin with args and env added to the test's environment, waits for
+// it, and returns its stdout, stderr and exit status. Failing to start it
+// fails t; a non-zero exit does not.
+func Run(t testing.TB, bin string, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var o, e strings.Builder
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("run %s: %v", bin, err)
+	}
+	return o.String(), e.String(), code
+}
+
+// Buffer is a goroutine-safe buffer for a child's output, read while the
+// child still writes.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String returns what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

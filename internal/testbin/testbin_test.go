@@ -27,6 +27,16 @@ func TestBuild(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "Usage: idem") {
 		t.Fatalf("built binary ran: %q, %v", out, err)
 	}
+	stdout, stderr, code := testbin.Run(t, bin, []string{"DATABASE_URL=::bad"}, "migrate", "up")
+	if code != 2 || stdout != "" || !strings.Contains(stderr, "malformed") {
+		t.Fatalf("Run = %q, %q, exit %d; want the child's stderr and exit 2", stdout, stderr, code)
+	}
+	var buf testbin.Buffer
+	buf.Write([]byte("a"))
+	buf.Write([]byte("b"))
+	if buf.String() != "ab" {
+		t.Fatalf("Buffer = %q", buf.String())
+	}
 	if _, err := testbin.Build(dir, "missing", "github.com/idemkit/idem/no/such/package", false); err == nil {
 		t.Fatal("building a missing package succeeded")
 	}

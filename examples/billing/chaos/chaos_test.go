@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/testbin"
 	"github.com/idemkit/idem/internal/testdb"
 )
 
@@ -139,20 +140,7 @@ func TestConfigValidate(t *testing.T) {
 func TestCLIFlags(t *testing.T) {
 	t.Parallel()
 	bin := needBilling(t)
-	run := func(args ...string) (string, string, int) {
-		cmd := exec.Command(bin, args...)
-		var o, e strings.Builder
-		cmd.Stdout, cmd.Stderr = &o, &e
-		err := cmd.Run()
-		code := 0
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return o.String(), e.String(), code
-	}
+	run := func(args ...string) (string, string, int) { return testbin.Run(t, bin, nil, args...) }
 	for _, c := range []string{"chaos", "demo"} {
 		out, _, code := run(c, "--help")
 		if code != 0 || !strings.Contains(out, "-unsafe") || !strings.Contains(out, "Usage: billing "+c) {
