@@ -101,6 +101,11 @@ SELECT e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event
 FROM outbox_event e
 WHERE e.id IN (SELECT claim.id FROM claim);
 
+-- The selection below repeats ClaimLocked's on purpose: sqlc cannot share a
+-- CTE between queries, and moving it into a SQL function would change its
+-- meaning (a volatile function takes a snapshot of its own, newer than the
+-- UPDATE's, so the two could disagree on which rows exist). Change both.
+--
 -- ClaimLease is the two-phase claim: the same selection as ClaimLocked,
 -- moved to PUBLISHING under a lease (owner, token, locked_at) and committed
 -- at once. attempts counts claims, so a relay that dies mid-publish has
