@@ -1,0 +1,159 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Header names of the protocol.
+const (
+	// HeaderKey carries the client's key on an unsafe request.
+	HeaderKey = "Idempotency-Key"
+	// HeaderReplayed is "true" on a response replayed from storage.
+	HeaderReplayed = "Idempotent-Replayed"
+)
+
+// MaxKeyLength is the longest key, in characters (bytes: keys are ASCII).
+const MaxKeyLength = 255
+
+// Problem codes: the code member of the application/problem+json bodies
+// that idem writes. The first four are the protocol's; the rest belong to
+// the idempotency middleware and are documented in docs/contracts.md.
+const (
+	CodeKeyRequired      = "IDEMPOTENCY_KEY_REQUIRED"      // 400: an unsafe request without a key
+	CodeKeyInvalid       = "IDEMPOTENCY_KEY_INVALID"       // 400: a key that breaks the key rule
+	CodeKeyReused        = "IDEMPOTENCY_KEY_REUSED"        // 409 (or 422): the key was used for a different request
+	CodeKeyInProgress    = "IDEMPOTENCY_KEY_IN_PROGRESS"   // 409 with Retry-After: the first request is still running
+	CodeBodyTooLarge     = "REQUEST_BODY_TOO_LARGE"        // 413
+	CodeBodyUnreadable   = "REQUEST_BODY_UNREADABLE"       // 400
+	CodeScopeUnknown     = "IDEMPOTENCY_SCOPE_UNKNOWN"     // 401: no principal to scope the key
+	CodeStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE" // 503
+)
+
+// ProblemContentType is the media type of RFC 9457 problem details.
+const ProblemContentType = "application/problem+json"
+
+// Errors of ParseKey and ValidateKey. Packages wrap them in their own
+// sentinels where their callers need a package-specific meaning.
+var (
+	ErrKeyRequired = errors.New("idem: Idempotency-Key required")
+	ErrKeyInvalid  = errors.New("idem: Idempotency-Key invalid")
+)
+
+// ParseKey parses an Idempotency-Key header value: a bare token or a
+// structured-field string (see the package doc). Spaces and tabs around the
+// value are ignored. An empty value is ErrKeyRequired; anything else that
+// breaks the rule is ErrKeyInvalid. It never panics and allocates only for
+// the quoted form.
+func ParseKey(v string) (string, error) {
+	v = strings.Trim(v, " \t")
+	if v == "" {
+		return "", ErrKeyRequired
+	}
+	if v[0] != '"' {
+		if len(v) > MaxKeyLength || !visible(v) {
+			return "", ErrKeyInvalid
+		}
+		return v, nil
+	}
+	// sf-string: DQUOTE *( unescaped / "\" ( DQUOTE / "\" ) ) DQUOTE
+	var b strings.Builder
+	for i := 1; i < len(v); i++ {
+		c := v[i]
+		switch {
+		case c == '\\':
+			i++
+			if i >= len(v) || (v[i] != '"' && v[i] != '\\') {
+				return "", ErrKeyInvalid
+			}
+			b.WriteByte(v[i])
+		case c == '"':
+			if i != len(v)-1 {
+				return "", ErrKeyInvalid
+			}
+			k := b.String()
+			if k == "" || len(k) > MaxKeyLength || !visible(k) {
+				return "", ErrKeyInvalid
+			}
+			return k, nil
+		case c < 0x21 || c > 0x7e:
+			return "", ErrKeyInvalid
+		default:
+			b.WriteByte(c)
+		}
+		if b.Len() > MaxKeyLength {
+			return "", ErrKeyInvalid
+		}
+	}
+	return "", ErrKeyInvalid // no closing quote
+}
+
+// ValidateKey reports whether key, as a client would send it bare, follows
+// the key rule. The error wraps ErrKeyInvalid and says what is wrong.
+func ValidateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty", ErrKeyInvalid)
+	}
+	if len(key) > MaxKeyLength {
+		return fmt.Errorf("%w: %d bytes, longer than %d", ErrKeyInvalid, len(key), MaxKeyLength)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x21 || c > 0x7e {
+			return fmt.Errorf("%w: byte %#x at %d is not visible ASCII", ErrKeyInvalid, c, i)
+		}
+	}
+	return nil
+}
+
+func visible(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// Hook is the shape of every component's hook (see the package doc).
+type Hook[E any] func(ctx context.Context, e E) context.Context
+
+// JoinHooks returns a hook calling each non-nil hook in order, each with
+// the ctx the previous one returned, and returning the last ctx: an
+// OpenTelemetry hook and a Prometheus hook on one component, say. It
+// returns nil when every hook is nil.
+func JoinHooks[E any](hooks ...func(context.Context, E) context.Context) func(context.Context, E) context.Context {
+	var hs []func(context.Context, E) context.Context
+	for _, h := range hooks {
+		if h != nil {
+			hs = append(hs, h)
+		}
+	}
+	switch len(hs) {
+	case 0:
+		return nil
+	case 1:
+		return hs[0]
+	}
+	return func(ctx context.Context, e E) context.Context {
+		for _, h := range hs {
+			if next := h(ctx, e); next != nil {
+				ctx = next
+			}
+		}
+		return ctx
+	}
+}
+
+// CallHook calls h if it is set and returns the ctx to use next: h's, or
+// ctx when h is nil or returns nil. Components call their hooks through it.
+func CallHook[E any](h func(context.Context, E) context.Context, ctx context.Context, e E) context.Context {
+	if h == nil {
+		return ctx
+	}
+	if next := h(ctx, e); next != nil {
+		return next
+	}
+	return ctx
+}
