@@ -4,33 +4,38 @@ GO ?= go
 SQLC_CONFIGS := $(shell find . -name sqlc.yaml -not -path './.git/*' | sort)
 PKGS := ./...
 
-.PHONY: help test fmt-check vet staticcheck sqlc-check gotest generate bench
+.PHONY: help test fmt-check tidy-check vet staticcheck sqlc-check gotest generate bench
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-test: fmt-check vet staticcheck sqlc-check gotest ## everything CI checks
+test: fmt-check tidy-check vet staticcheck sqlc-check gotest ## everything CI checks
 
 fmt-check: ## fail if gofmt would change a file
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
+tidy-check: ## fail if any module's go.mod or go.sum is not tidy
+	@for m in $$(find . -name go.mod -not -path './.git/*' | sort); do \
+		d=$$(dirname $$m); echo "go mod tidy -diff ($$d)"; (cd $$d && $(GO) mod tidy -diff) || { echo "$$d: run go mod tidy"; exit 1; }; \
+	done
+
 vet: ## go vet
 	$(GO) vet $(PKGS)
 
-staticcheck: ## staticcheck, pinned in go.mod's tool block
-	$(GO) tool staticcheck $(PKGS)
+staticcheck: ## staticcheck, pinned in tools/go.mod
+	$(GO) tool -modfile=tools/go.mod staticcheck $(PKGS)
 
 sqlc-check: ## fail if sqlc-generated code is stale
 	@for f in $(SQLC_CONFIGS); do \
-		echo "sqlc diff -f $$f"; $(GO) tool sqlc diff -f $$f || { echo "generated code is stale: run make generate"; exit 1; }; \
+		echo "sqlc diff -f $$f"; $(GO) tool -modfile=tools/go.mod sqlc diff -f $$f || { echo "generated code is stale: run make generate"; exit 1; }; \
 	done
 
 gotest: ## go test -race with goleak in every package
 	$(GO) test -race -count=1 -timeout 25m $(PKGS)
 
 generate: ## regenerate sqlc code
-	@for f in $(SQLC_CONFIGS); do echo "sqlc generate -f $$f"; $(GO) tool sqlc generate -f $$f || exit 1; done
+	@for f in $(SQLC_CONFIGS); do echo "sqlc generate -f $$f"; $(GO) tool -modfile=tools/go.mod sqlc generate -f $$f || exit 1; done
 
 bench: ## idem bench for every scenario (needs PostgreSQL)
 	$(GO) run ./cmd/idem bench http
