@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"sync"
+
+	"github.com/idemkit/idem/internal/startstop"
 )
 
 // HTTPServer is a Component serving an *http.Server. Stop stops
@@ -102,113 +104,77 @@ func (s *HTTPServer) HardStop(context.Context) error {
 // Failed delivers the error of a Serve that ended on its own.
 func (s *HTTPServer) Failed() <-chan error { return s.failed }
 
-type hardKey struct{}
-
 // Task is a Component running one function in a goroutine between Start and
-// Stop, such as a polling loop or a consumer.
+// Stop, such as a polling loop or a consumer. It has the start/stop
+// contract of every long-running component of idem (internal/startstop):
+// Start on a running Task is a no-op, Start after a stop runs the function
+// afresh, and Stop and HardStop are safe before Start, twice and
+// concurrently.
 //
-// The function's ctx ends at the soft stop: the loop must take no new work
-// once it is done. Work already in hand should run on WorkContext(ctx),
-// which survives the soft stop and ends only at the hard stop — the article's
-// "batch context built from context.WithoutCancel(ctx)", with the hard stop
-// still honoured.
+// The function's ctx has Start's values and ends at the soft stop: the loop
+// must take no new work once it is done. Work already in hand runs on
+// WorkContext(ctx), which survives the soft stop and ends only at the hard
+// stop: a batch context cut loose from the loop's cancellation, with the
+// hard stop still honoured.
 type Task struct {
 	name string
 	run  func(ctx context.Context) error
-
-	mu         sync.Mutex
-	started    bool
-	softCancel context.CancelFunc
-	hardCancel context.CancelFunc
-	done       chan struct{}
-	err        error
-	stopping   bool
-	failed     chan error
+	svc  startstop.Service
 }
 
 // Go returns a Task running fn. name appears in errors.
 func Go(name string, fn func(ctx context.Context) error) *Task {
-	return &Task{name: name, run: fn, done: make(chan struct{}), failed: make(chan error, 1)}
+	return &Task{name: name, run: fn}
 }
 
-// Start launches the function. The function's contexts keep the values of
-// ctx but not its cancellation.
+// Start launches the function in a goroutine and returns. ctx lends its
+// values to the function's contexts; cancelling it after Start returned
+// changes nothing.
 func (t *Task) Start(ctx context.Context) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.started {
-		return nil
-	}
-	t.started = true
-	base := context.WithoutCancel(ctx)
-	hardCtx, hardCancel := context.WithCancel(base)
-	softCtx, softCancel := context.WithCancel(context.WithValue(hardCtx, hardKey{}, hardCtx))
-	t.softCancel, t.hardCancel = softCancel, hardCancel
-	go func() {
-		err := t.run(softCtx)
-		t.mu.Lock()
-		t.err = err
-		early := !t.stopping
-		t.mu.Unlock()
-		close(t.done)
-		if early {
-			if err == nil {
-				err = errors.New("ended before it was stopped")
+	return t.svc.Start(ctx, func(ctx context.Context, g *startstop.Group) error {
+		g.Go(ctx, func(ctx context.Context) {
+			err := t.run(ctx)
+			if ctx.Err() == nil {
+				// Returned before it was stopped: the Task failed, whatever
+				// it returned. Failed delivers this, and Stop returns it.
+				if err == nil {
+					err = errors.New("ended before it was stopped")
+				}
+				g.Fail(fmt.Errorf("lifecycle: task %s: %w", t.name, err))
+				return
 			}
-			t.failed <- fmt.Errorf("lifecycle: task %s: %w", t.name, err)
-		}
-	}()
-	return nil
-}
-
-// Stop cancels the function's ctx and waits for it to return until ctx
-// ends. It returns the function's error, or ctx.Err() on timeout.
-func (t *Task) Stop(ctx context.Context) error { return t.stop(ctx, false) }
-
-// HardStop also cancels WorkContext, abandoning the work in hand, and waits
-// until ctx ends.
-func (t *Task) HardStop(ctx context.Context) error { return t.stop(ctx, true) }
-
-func (t *Task) stop(ctx context.Context, hard bool) error {
-	t.mu.Lock()
-	if !t.started {
-		t.mu.Unlock()
+			if err != nil && !errors.Is(err, context.Canceled) {
+				g.Fail(fmt.Errorf("lifecycle: task %s: %w", t.name, err))
+			}
+		})
 		return nil
-	}
-	t.stopping = true
-	t.softCancel()
-	if hard {
-		t.hardCancel()
-	}
-	t.mu.Unlock()
-	select {
-	case <-t.done:
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		if errors.Is(t.err, context.Canceled) {
-			return nil
-		}
-		return t.err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	})
 }
+
+// Stop ends the function's ctx and waits for it to return until ctx ends.
+// It returns the function's error (nil for context.Canceled), or ctx.Err()
+// on timeout.
+func (t *Task) Stop(ctx context.Context) error { return t.svc.Stop(ctx) }
+
+// HardStop also ends WorkContext, abandoning the work in hand, and waits
+// for the function until ctx ends.
+func (t *Task) HardStop(ctx context.Context) error { return t.svc.HardStop(ctx) }
 
 // Failed delivers the function's error when it returned before Stop.
-func (t *Task) Failed() <-chan error { return t.failed }
+func (t *Task) Failed() <-chan error { return t.svc.Failed() }
 
-// WorkContext returns a context for work in hand: it has ctx's values and
-// deadline-free lifetime, is not cancelled by the soft stop of the Task that
-// gave ctx, and is cancelled by that Task's hard stop. Bound it with your own
-// timeout (context.WithTimeout) so that a stuck dependency cannot hold the
-// stop. For a ctx that does not come from a Task it is context.WithoutCancel.
+// WorkContext returns a context for work in hand: it has ctx's values, is
+// not cancelled by the soft stop of the component that gave ctx (a Task, or
+// any of idem's long-running components), and is cancelled by that
+// component's hard stop. Bound it with your own timeout
+// (context.WithTimeout) so that a stuck dependency cannot hold the stop.
+// For a ctx that does not come from such a component it is
+// context.WithoutCancel(ctx), cancelled by the returned func.
+//
+// It is the one work context of the codebase: the outbox relay, the Kafka
+// consumer and the purgers use the same one for their batches.
 func WorkContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	wc, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	if hard, ok := ctx.Value(hardKey{}).(context.Context); ok {
-		stop := context.AfterFunc(hard, cancel)
-		return wc, func() { stop(); cancel() }
-	}
-	return wc, cancel
+	return startstop.WorkContext(ctx)
 }
 
 // Funcs adapts plain functions to a Component and HardStopper. A nil

@@ -2,8 +2,12 @@ package lifecycle_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/idemkit/idem/lifecycle"
@@ -48,4 +52,44 @@ func Example() {
 	// Output:
 	// clients closed
 	// <nil>
+}
+
+// ExampleStageCutOffError shows how a program tells a bounded stop from a
+// clean one: a stage that overran its budget is named in Run's error, so
+// the process can exit non-zero (billing serve exits 1) and a supervisor
+// counts it.
+func ExampleStageCutOffError() {
+	g, err := lifecycle.New(&lifecycle.Config{
+		ShutdownTimeout: time.Second,
+		HardStopTimeout: 50 * time.Millisecond,
+		Logger:          slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Signals:         []os.Signal{}, // the trigger is ctx
+	})
+	if err != nil {
+		panic(err)
+	}
+	// A worker whose batch in hand outlives its 200ms budget; only the hard
+	// stop (the end of its WorkContext) ends it.
+	worker := lifecycle.Go("worker", func(ctx context.Context) error {
+		batch, cancel := lifecycle.WorkContext(ctx)
+		defer cancel()
+		<-batch.Done()
+		return nil
+	})
+	_ = g.Add(lifecycle.Stage{Name: "worker", Budget: 200 * time.Millisecond, Components: []lifecycle.Component{worker}})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		for !g.Ready() {
+			time.Sleep(time.Millisecond) // polling interval
+		}
+		cancel() // as SIGTERM would
+	}()
+	err = g.Run(ctx)
+	var cut *lifecycle.StageCutOffError
+	if errors.As(err, &cut) {
+		fmt.Println("cut off:", cut.Stage, errors.Is(err, lifecycle.ErrStageCutOff))
+	}
+	// Output:
+	// cut off: worker true
 }

@@ -18,10 +18,13 @@ import (
 //
 // Start launches the component's background work and returns; its ctx
 // governs the start only (connecting, listening), not the component's
-// lifetime. Stop is the soft stop: take no new work, finish the work in hand,
-// return. Its ctx is the stop's budget: when it ends, Stop should give up
-// and return ctx.Err(). Both must be safe to call twice, and Stop safe to
-// call before Start (it then does nothing).
+// lifetime: the Group cancels it when the shutdown begins during the start,
+// and a Start should then give up and return an error. Stop is the soft
+// stop: take no new work, finish the work in hand, return. Its ctx is the
+// stop's budget: when it ends, Stop should give up and return ctx.Err().
+// Both must be safe to call twice, and Stop safe to call before Start (it
+// then does nothing). internal/startstop gives idem's components exactly
+// this contract.
 type Component interface {
 	Start(ctx context.Context) error
 	Stop(ctx context.Context) error
@@ -64,8 +67,9 @@ const (
 
 // Config configures a Group. A nil Config means all defaults.
 type Config struct {
-	// ShutdownTimeout bounds the whole shutdown, from the first signal to
-	// Run's return. Keep it below the orchestrator's grace period (30 s in
+	// ShutdownTimeout bounds the whole shutdown, from the first trigger (a
+	// signal, the end of Run's ctx, a failure), even one during the start,
+	// to Run's return. Keep it below the orchestrator's grace period (30 s in
 	// Kubernetes) so that the process exits before SIGKILL. Defaults to
 	// ShutdownTimeoutDefault (25 s).
 	ShutdownTimeout time.Duration
@@ -83,8 +87,8 @@ type Config struct {
 	// to slog.Default().
 	Logger *slog.Logger
 	// Signals start the shutdown; the second one received forces a hard
-	// stop. Defaults to SIGINT and SIGTERM. An empty, non-nil slice
-	// disables signal handling (Run's ctx is then the only trigger).
+	// stop. An empty, non-nil slice disables signal handling (Run's ctx is
+	// then the only trigger). Defaults to SIGINT and SIGTERM.
 	Signals []os.Signal
 }
 
@@ -131,7 +135,36 @@ var (
 	// ErrAlreadyRun is returned by Run when called a second time, and by Add
 	// after Run.
 	ErrAlreadyRun = errors.New("lifecycle: group already run")
+	// ErrStageCutOff is returned by Run, wrapped in one *StageCutOffError
+	// per stage, when a stage was still running at the end of its budget:
+	// its stragglers were hard-stopped, and those that ignored even that
+	// were abandoned. The stop was bounded, as designed, but not clean:
+	// work in hand was cut off and will be repeated.
+	ErrStageCutOff = errors.New("lifecycle: stage cut off at its budget")
 )
+
+// StageCutOffError names a stage that overran its budget. It matches
+// ErrStageCutOff with errors.Is.
+type StageCutOffError struct {
+	// Stage is the stage's Name.
+	Stage string
+	// Budget is the time the stage had, hard-stop window included.
+	Budget time.Duration
+	// HardStopped is how many of its components were still running at the
+	// soft deadline and got their hard stop.
+	HardStopped int
+	// Abandoned is how many of those had still not returned from Stop at
+	// the end of the budget: their goroutines were left running.
+	Abandoned int
+}
+
+func (e *StageCutOffError) Error() string {
+	return fmt.Sprintf("lifecycle: stage %q cut off at its budget (%s): %d hard-stopped, %d abandoned",
+		e.Stage, e.Budget, e.HardStopped, e.Abandoned)
+}
+
+// Is reports whether target is ErrStageCutOff.
+func (e *StageCutOffError) Is(target error) bool { return target == ErrStageCutOff }
 
 // Group runs components and stops them in stage order. See the package doc.
 type Group struct {
@@ -203,15 +236,28 @@ func (g *Group) ReadyHandler() http.Handler {
 // Run starts every component, waits for a signal, the end of ctx or a
 // component failure, then shuts down in stage order and returns.
 //
-// ctx is a trigger: its end begins the graceful shutdown exactly as a first
-// signal does, and a start still in progress is abandoned between
-// components. Components receive ctx's values but not its cancellation
-// (context.WithoutCancel), because many tie their lifetime to Start's ctx
-// and must stop in order, not all at once. The shutdown runs on its own
-// deadline. Run returns nil after a clean shutdown (components cut off at
-// their budget included: that is the designed outcome, logged as a warning),
+// The first trigger (a signal, the end of ctx, a component's failure)
+// begins the shutdown, whether the components have all started or not, and
+// ShutdownTimeout counts from that moment. ctx is a trigger only: its end
+// begins the graceful shutdown exactly as a first signal does.
+//
+// Each component's Start gets a ctx of its own with ctx's values but not
+// its cancellation. That ctx is cancelled when the shutdown begins while
+// the Start is still running (a Start blocked connecting gives up), and
+// otherwise only when Run returns: a component that ties its lifetime to
+// Start's ctx, against the convention, is still stopped in its turn and not
+// all at once. A Start still running when the shutdown begins is treated
+// as part of its stage's stop: the stage waits for it within its budget,
+// then stops (or hard-stops) the component if the Start succeeded; the
+// stages after it in start order never start. A Start that ignores its
+// ctx past its stage's budget is abandoned like a Stop that does.
+//
+// Run returns nil after a clean shutdown, including one that began before
+// every component had started (a Start that returns an error because the
+// shutdown cancelled it is not a failure). Otherwise it returns, joined:
 // the error of a component that failed to start or failed while running,
-// errors from Stop, or ErrHardStop.
+// the errors of Stop calls, a *StageCutOffError (ErrStageCutOff) for every
+// stage cut off at its budget, and ErrHardStop after a second signal.
 func (g *Group) Run(ctx context.Context) error {
 	g.mu.Lock()
 	if g.ran {
@@ -231,75 +277,86 @@ func (g *Group) Run(ctx context.Context) error {
 		defer signal.Stop(sigs)
 	}
 	log := g.cfg.Logger
-
-	// Start in reverse stop order: the pool before the workers using it,
-	// the HTTP server last.
-	var started []startedComponent
+	tr := newTrigger()
 	failed := make(chan error, 1)
 	watchDone := make(chan struct{})
 	defer close(watchDone)
+	go g.watchTriggers(ctx, sigs, failed, tr, watchDone)
 	reportFail := func(err error) {
 		select {
 		case failed <- err:
 		default:
 		}
 	}
+
+	// Start in reverse stop order: the pool before the workers using it,
+	// the HTTP server last. Each Start runs in a goroutine so that a
+	// trigger is seen while it blocks (connecting to a broker that is
+	// down, say): the wait for it then becomes part of the shutdown,
+	// bounded like any stop.
+	base := context.WithoutCancel(ctx)
+	var startCancels []context.CancelFunc
+	defer func() {
+		for _, cancel := range startCancels {
+			cancel()
+		}
+	}()
+	var started []startedComponent
+	var pending *pendingStart
 	var startErr error
-	signalled := 0
 startLoop:
 	for i := len(stages) - 1; i >= 0; i-- {
 		for _, c := range stages[i].Components {
-			// A signal during a slow start must not be lost: check between
-			// components.
+			if tr.hasBegun() {
+				break startLoop
+			}
+			sctx, cancel := context.WithCancel(base)
+			startCancels = append(startCancels, cancel)
+			res := make(chan error, 1)
+			go func() { res <- c.Start(sctx) }()
 			select {
-			case <-sigs:
-				signalled++
-				startErr = errors.New("lifecycle: signal received during start")
+			case err := <-res:
+				if err != nil {
+					if tr.hasBegun() {
+						log.Info("start interrupted by the shutdown", "stage", stages[i].Name, "error", err)
+					} else {
+						startErr = fmt.Errorf("lifecycle: start %s: %w", stages[i].Name, err)
+					}
+					break startLoop
+				}
+				started = append(started, startedComponent{stage: i, c: c})
+				if f, ok := c.(Failer); ok {
+					go watch(f, reportFail, watchDone)
+				}
+			case <-tr.begun:
+				cancel()
+				pending = newPendingStart(c, res, log, stages[i].Name, g.cfg.HardStopTimeout)
+				started = append(started, startedComponent{stage: i, c: pending})
 				break startLoop
-			default:
-			}
-			if err := ctx.Err(); err != nil {
-				startErr = fmt.Errorf("lifecycle: start: %w", err)
-				break startLoop
-			}
-			// Many components (the outbox relay, the Kafka consumer, river)
-			// tie their lifetime to Start's ctx. Run's ctx is a shutdown
-			// trigger, so passing it on would stop them all at once, out
-			// of order, at the first signal: hand them its values only.
-			if err := c.Start(context.WithoutCancel(ctx)); err != nil {
-				startErr = fmt.Errorf("lifecycle: start %s: %w", stages[i].Name, err)
-				break startLoop
-			}
-			started = append(started, startedComponent{stage: i, c: c})
-			if f, ok := c.(Failer); ok {
-				go watch(f, reportFail, watchDone)
 			}
 		}
 	}
-	if startErr != nil {
-		log.Error("start failed, stopping what started", "error", startErr)
-		stopErr := g.shutdown(stages, started, sigs, signalled)
-		if errors.Is(stopErr, ErrHardStop) {
-			return errors.Join(startErr, stopErr)
-		}
-		return startErr
+	wasReady := false
+	switch {
+	case startErr != nil:
+		tr.begin(startErr, func() { log.Error("start failed, stopping what started", "error", startErr) })
+	case !tr.hasBegun():
+		g.ready.Store(true)
+		wasReady = true
+		log.Info("started", "stages", len(stages))
+		<-tr.begun
+	default:
+		log.Info("shutdown began before every component had started")
 	}
-
-	g.ready.Store(true)
-	log.Info("started", "stages", len(stages))
-
-	var cause error
-	select {
-	case s := <-sigs:
-		signalled++
-		log.Info("shutdown begins", "signal", s.String())
-	case <-ctx.Done():
-		log.Info("shutdown begins", "reason", context.Cause(ctx).Error())
-	case err := <-failed:
-		cause = err
-		log.Error("component failed, shutdown begins", "error", err)
+	cause := tr.failure()
+	if startErr != nil && cause != startErr {
+		// A failure began the shutdown just before the start failed too.
+		cause = errors.Join(cause, startErr)
 	}
-	err := g.shutdown(stages, started, sigs, signalled)
+	err := g.shutdown(stages, started, tr, wasReady, cause)
+	if pending != nil {
+		pending.abandon()
+	}
 	return errors.Join(cause, err)
 }
 
@@ -318,45 +375,212 @@ func watch(f Failer, report func(error), done <-chan struct{}) {
 	}
 }
 
-// shutdown stops the started components stage by stage.
-func (g *Group) shutdown(stages []Stage, started []startedComponent, sigs <-chan os.Signal, signalled int) error {
+// trigger records the shutdown's triggers: begun is closed by the first
+// (a signal, the end of Run's ctx, a failure), hard by the second signal.
+type trigger struct {
+	begun, hard         chan struct{}
+	beginOnce, hardOnce sync.Once
+	mu                  sync.Mutex
+	at                  time.Time // when begun closed
+	cause               error     // the failure that began the shutdown, if one did
+}
+
+func newTrigger() *trigger {
+	return &trigger{begun: make(chan struct{}), hard: make(chan struct{})}
+}
+
+// begin begins the shutdown, with cause for a failure or nil; the first
+// call runs announce (a log line) before anything waiting on begun moves,
+// so that the logs read in order.
+func (t *trigger) begin(cause error, announce func()) {
+	t.beginOnce.Do(func() {
+		t.mu.Lock()
+		t.at, t.cause = time.Now(), cause
+		t.mu.Unlock()
+		announce()
+		close(t.begun)
+	})
+}
+
+func (t *trigger) forceHard() { t.hardOnce.Do(func() { close(t.hard) }) }
+
+func (t *trigger) hasBegun() bool {
+	select {
+	case <-t.begun:
+		return true
+	default:
+		return false
+	}
+}
+
+func (t *trigger) beganAt() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.at
+}
+
+func (t *trigger) failure() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.cause
+}
+
+// watchTriggers turns signals, the end of ctx and failures into the
+// trigger, for the whole of Run: before, during and after the start.
+func (g *Group) watchTriggers(ctx context.Context, sigs <-chan os.Signal, failed <-chan error, tr *trigger, done <-chan struct{}) {
+	log := g.cfg.Logger
+	ctxDone := ctx.Done()
+	signals := 0
+	for {
+		select {
+		case s := <-sigs:
+			signals++
+			if signals >= 2 {
+				log.Warn("second signal: hard stop", "signal", s.String())
+				tr.forceHard()
+			} else {
+				tr.begin(nil, func() { log.Info("shutdown begins", "signal", s.String()) })
+			}
+		case <-ctxDone:
+			ctxDone = nil
+			tr.begin(nil, func() { log.Info("shutdown begins", "reason", context.Cause(ctx).Error()) })
+		case err := <-failed:
+			tr.begin(err, func() { log.Error("component failed, shutdown begins", "error", err) })
+		case <-done:
+			return
+		}
+	}
+}
+
+// pendingStart stands, in its stage, for a component whose Start was still
+// running when the shutdown began (its ctx is cancelled by then). Its Stop
+// waits, within the stage's budget, for that Start to return, then stops
+// the component if it did start; its HardStop likewise. A Start that never
+// returns leaves the stage cut off, and the component abandoned.
+type pendingStart struct {
+	c        Component
+	log      *slog.Logger
+	stage    string
+	hardStop time.Duration
+	resolved chan struct{} // closed once Start returned; err is then set
+	err      error
+
+	mu        sync.Mutex
+	done      bool // Start returned
+	reached   bool // Stop or HardStop was passed on to c
+	abandoned bool // Run returned before Start did
+}
+
+func newPendingStart(c Component, res <-chan error, log *slog.Logger, stage string, hardStop time.Duration) *pendingStart {
+	p := &pendingStart{c: c, log: log, stage: stage, hardStop: hardStop, resolved: make(chan struct{})}
+	go func() {
+		err := <-res
+		p.mu.Lock()
+		p.err, p.done = err, true
+		abandoned := p.abandoned
+		p.mu.Unlock()
+		close(p.resolved)
+		if err != nil {
+			log.Info("start interrupted by the shutdown", "stage", stage, "error", err)
+			return
+		}
+		if abandoned {
+			p.stopLate()
+		}
+	}()
+	return p
+}
+
+// Start is never called: the component's own Start is already running.
+func (p *pendingStart) Start(context.Context) error { return nil }
+
+// Stop waits for the Start, then stops the component if it started.
+func (p *pendingStart) Stop(ctx context.Context) error {
+	if started, err := p.wait(ctx); !started {
+		return err
+	}
+	return p.c.Stop(ctx)
+}
+
+// HardStop waits for the Start, then hard-stops the component if it
+// started.
+func (p *pendingStart) HardStop(ctx context.Context) error {
+	if started, err := p.wait(ctx); !started {
+		return err
+	}
+	if hs, ok := p.c.(HardStopper); ok {
+		return hs.HardStop(ctx)
+	}
+	return nil
+}
+
+// wait waits for the Start to return. It reports true when the Start
+// succeeded (and records that a stop is being passed on to the component);
+// false with nil when the Start failed, so there is nothing to stop; false
+// with ctx.Err() when ctx ended first.
+func (p *pendingStart) wait(ctx context.Context) (bool, error) {
+	select {
+	case <-p.resolved:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	if p.err != nil {
+		return false, nil
+	}
+	p.mu.Lock()
+	p.reached = true
+	p.mu.Unlock()
+	return true, nil
+}
+
+// abandon is called when Run returns: a Start that has not returned yet, or
+// one that returned too late for its stage's stop, gets stopped on its own
+// as soon as it can be (the process is usually exiting by then).
+func (p *pendingStart) abandon() {
+	p.mu.Lock()
+	if !p.done {
+		p.abandoned = true
+		p.mu.Unlock()
+		return
+	}
+	late := p.err == nil && !p.reached
+	p.mu.Unlock()
+	if late {
+		go p.stopLate()
+	}
+}
+
+func (p *pendingStart) stopLate() {
+	p.log.Warn("a start abandoned by the shutdown returned late: stopping it", "stage", p.stage)
+	ctx, cancel := context.WithTimeout(context.Background(), p.hardStop)
+	defer cancel()
+	if hs, ok := p.c.(HardStopper); ok {
+		_ = hs.HardStop(ctx)
+	}
+	_ = p.c.Stop(ctx)
+}
+
+// shutdown stops the started components stage by stage, on a deadline of
+// ShutdownTimeout from the moment the shutdown began. Errors that are (or
+// wrap) cause, the failure that began the shutdown, are not repeated.
+func (g *Group) shutdown(stages []Stage, started []startedComponent, tr *trigger, wasReady bool, cause error) error {
 	g.ready.Store(false)
 	log := g.cfg.Logger
-	begin := time.Now()
+	begin := tr.beganAt()
 	deadline := begin.Add(g.cfg.ShutdownTimeout)
-
-	// hard is closed on the second signal; a goroutine turns the signal
-	// into the close so that every wait below can select on it.
-	hard := make(chan struct{})
-	var hardOnce sync.Once
-	done := make(chan struct{})
-	defer close(done)
-	forceHard := func() { hardOnce.Do(func() { close(hard) }) }
-	if signalled >= 2 {
-		forceHard()
-	}
-	if sigs != nil {
-		go func() {
-			n := signalled
-			for {
-				select {
-				case s := <-sigs:
-					n++
-					if n >= 2 {
-						log.Warn("second signal: hard stop", "signal", s.String())
-						forceHard()
-						return
-					}
-				case <-done:
-					return
-				}
-			}
-		}()
+	hard := tr.hard
+	// hardUntil bounds a hard stop: HardStopTimeout from now, never past
+	// the whole shutdown's deadline.
+	hardUntil := func() time.Time {
+		if t := time.Now().Add(g.cfg.HardStopTimeout); t.Before(deadline) {
+			return t
+		}
+		return deadline
 	}
 
-	if g.cfg.DrainDelay > 0 {
+	if g.cfg.DrainDelay > 0 && wasReady {
 		log.Info("draining: not ready, still serving", "delay", g.cfg.DrainDelay)
-		t := time.NewTimer(g.cfg.DrainDelay)
+		t := time.NewTimer(time.Until(begin.Add(g.cfg.DrainDelay)))
 		select {
 		case <-t.C:
 		case <-hard:
@@ -380,7 +604,7 @@ func (g *Group) shutdown(stages []Stage, started []startedComponent, sigs <-chan
 			for _, cs := range byStage[i:] {
 				rest = append(rest, cs...)
 			}
-			g.hardStopAll(rest, time.Now().Add(g.cfg.HardStopTimeout))
+			g.hardStopAll(rest, hardUntil())
 			log.Warn("hard stop done", "duration", time.Since(begin).Round(time.Millisecond))
 			return errors.Join(append(errs, ErrHardStop)...)
 		default:
@@ -395,7 +619,7 @@ func (g *Group) shutdown(stages []Stage, started []startedComponent, sigs <-chan
 				stageDeadline = own
 			}
 		}
-		if err := g.stopStage(st, comps, stageDeadline, hard); err != nil {
+		if err := g.stopStage(st, comps, stageDeadline, hard, hardUntil, cause); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -417,7 +641,7 @@ func (g *Group) shutdown(stages []Stage, started []startedComponent, sigs <-chan
 // a later stage's. The components' Stop calls run concurrently on a context
 // ending at the soft deadline; whatever is still running then (or when hard
 // closes) is hard-stopped, and abandoned at stageEnd.
-func (g *Group) stopStage(st Stage, comps []Component, stageEnd time.Time, hard <-chan struct{}) error {
+func (g *Group) stopStage(st Stage, comps []Component, stageEnd time.Time, hard <-chan struct{}, hardUntil func() time.Time, cause error) error {
 	log := g.cfg.Logger
 	t0 := time.Now()
 	if len(comps) == 0 {
@@ -444,7 +668,8 @@ func (g *Group) stopStage(st Stage, comps []Component, stageEnd time.Time, hard 
 	var errs []error
 	collect := func(r result) {
 		delete(pending, r.i)
-		if r.err != nil && !errors.Is(r.err, context.DeadlineExceeded) && !errors.Is(r.err, context.Canceled) {
+		if r.err != nil && !errors.Is(r.err, context.DeadlineExceeded) && !errors.Is(r.err, context.Canceled) &&
+			(cause == nil || !errors.Is(r.err, cause)) {
 			errs = append(errs, fmt.Errorf("lifecycle: stop %s: %w", st.Name, r.err))
 		}
 	}
@@ -462,6 +687,7 @@ soft:
 			break soft
 		}
 	}
+	hardStopped := len(pending)
 	if len(pending) > 0 {
 		// Cut off: hard-stop the stragglers, then wait a little for their
 		// Stop to return; past that the stage is abandoned.
@@ -471,7 +697,7 @@ soft:
 		}
 		cut := stageEnd
 		if forced {
-			cut = time.Now().Add(g.cfg.HardStopTimeout)
+			cut = hardUntil()
 		}
 		g.hardStopAll(rest, cut)
 		wait := time.NewTimer(time.Until(cut))
@@ -492,6 +718,7 @@ soft:
 		log.Warn("stage hard-stopped", append(attrs, "abandoned", len(pending))...)
 	case overran:
 		log.Warn("stage exceeded its budget: cut off", append(attrs, "abandoned", len(pending))...)
+		errs = append(errs, &StageCutOffError{Stage: st.Name, Budget: stageEnd.Sub(t0).Round(time.Millisecond), HardStopped: hardStopped, Abandoned: len(pending)})
 	case len(errs) > 0:
 		log.Error("stage stopped with errors", append(attrs, "error", errors.Join(errs...))...)
 	default:

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/startstop"
 	"github.com/idemkit/idem/lifecycle"
 )
 
@@ -302,8 +303,12 @@ func TestLaterStageKeepsItsBudget(t *testing.T) {
 		time.Sleep(time.Millisecond) // polling interval
 	}
 	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	// The stuck stage is reported, by name, and only it.
+	err := <-done
+	var cut *lifecycle.StageCutOffError
+	if !errors.Is(err, lifecycle.ErrStageCutOff) || !errors.As(err, &cut) || cut.Stage != "stuck" || cut.Abandoned != 1 ||
+		strings.Contains(err.Error(), `"pool"`) {
+		t.Fatalf("Run = %v, want ErrStageCutOff for stage stuck (1 abandoned) only", err)
 	}
 	// 800 ms minus the hard-stop window (a quarter): about 600 ms.
 	if d := <-left; d < 300*time.Millisecond {
@@ -362,6 +367,198 @@ func TestHTTPStopAnswersRequestsAlreadyAccepted(t *testing.T) {
 		t.Fatalf("response %q, %v", body, err)
 	}
 	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRunCtxCancelsBlockingStart proves the in-process side of the signal
+// test: the end of Run's ctx while a Start blocks cancels that Start's ctx,
+// the components started before it stop, the ones after it never start,
+// and Run returns nil.
+func TestRunCtxCancelsBlockingStart(t *testing.T) {
+	t.Parallel()
+	g := quietGroup(t, lifecycle.Config{ShutdownTimeout: 10 * time.Second})
+	var mu sync.Mutex
+	var events []string
+	rec := func(e string) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, e)
+	}
+	blocking := make(chan struct{})
+	_ = g.Add(lifecycle.Stage{Name: "later", Components: []lifecycle.Component{&lifecycle.Funcs{
+		StartFunc: func(context.Context) error { rec("start later"); return nil },
+	}}})
+	_ = g.Add(lifecycle.Stage{Name: "slow", Budget: time.Second, Components: []lifecycle.Component{&lifecycle.Funcs{
+		StartFunc: func(ctx context.Context) error {
+			close(blocking)
+			<-ctx.Done()
+			rec("start cancelled")
+			return ctx.Err()
+		},
+		StopFunc: func(context.Context) error { rec("stop slow"); return nil },
+	}}})
+	_ = g.Add(lifecycle.Stage{Name: "pool", Budget: time.Second, Components: []lifecycle.Component{&lifecycle.Funcs{
+		StopFunc: func(context.Context) error { rec("stop pool"); return nil },
+	}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	<-blocking
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	if got := strings.Join(events, ","); got != "start cancelled,stop pool" {
+		t.Fatalf("events %s, want start cancelled,stop pool", got)
+	}
+	if g.Ready() {
+		t.Fatal("ready after Run")
+	}
+}
+
+// TestAbandonedStartIsStoppedWhenItReturns proves that a Start that ignores
+// its ctx past the shutdown is cut off (Run names its stage and returns on
+// time), and that when it finally returns, the component it started is
+// stopped instead of being left running.
+func TestAbandonedStartIsStoppedWhenItReturns(t *testing.T) {
+	t.Parallel()
+	g := quietGroup(t, lifecycle.Config{ShutdownTimeout: 400 * time.Millisecond, HardStopTimeout: 100 * time.Millisecond})
+	release := make(chan struct{})
+	blocking := make(chan struct{})
+	stopped := make(chan string, 2)
+	_ = g.Add(lifecycle.Stage{Name: "slow", Components: []lifecycle.Component{&lifecycle.Funcs{
+		StartFunc:    func(context.Context) error { close(blocking); <-release; return nil },
+		StopFunc:     func(context.Context) error { stopped <- "stop"; return nil },
+		HardStopFunc: func(context.Context) error { stopped <- "hardstop"; return nil },
+	}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	<-blocking
+	cancel()
+	err := <-done
+	var cut *lifecycle.StageCutOffError
+	if !errors.As(err, &cut) || cut.Stage != "slow" || cut.HardStopped != 1 {
+		t.Fatalf("Run = %v, want stage slow cut off, its component hard-stopped", err)
+	}
+	select {
+	case e := <-stopped:
+		t.Fatalf("%s before the Start returned", e)
+	default:
+	}
+	close(release)
+	got := map[string]bool{<-stopped: true, <-stopped: true}
+	if !got["stop"] || !got["hardstop"] {
+		t.Fatalf("late component got %v, want stop and hardstop", got)
+	}
+}
+
+// TestFailureDuringBlockingStart proves that a component failing while a
+// later Start blocks begins the shutdown at once: the blocked Start is
+// cancelled and Run returns the failure, not a start error.
+func TestFailureDuringBlockingStart(t *testing.T) {
+	t.Parallel()
+	g := quietGroup(t, lifecycle.Config{ShutdownTimeout: 10 * time.Second})
+	boom := errors.New("boom")
+	fail := make(chan struct{})
+	_ = g.Add(lifecycle.Stage{Name: "slow", Budget: time.Second, Components: []lifecycle.Component{&lifecycle.Funcs{
+		StartFunc: func(ctx context.Context) error { close(fail); <-ctx.Done(); return ctx.Err() },
+	}}})
+	_ = g.Add(lifecycle.Stage{Name: "consumer", Budget: time.Second, Components: []lifecycle.Component{
+		lifecycle.Go("consumer", func(ctx context.Context) error { <-fail; return boom }),
+	}})
+	err := g.Run(context.Background())
+	if !errors.Is(err, boom) || strings.Contains(err.Error(), "start slow") {
+		t.Fatalf("Run = %v, want boom only", err)
+	}
+	if strings.Count(err.Error(), "boom") != 1 {
+		t.Fatalf("Run = %q: the failure is repeated", err)
+	}
+}
+
+// TestTaskRestartsAfterStop proves Task's start/stop contract, the one of
+// every component: Start after a completed stop runs the function afresh.
+func TestTaskRestartsAfterStop(t *testing.T) {
+	t.Parallel()
+	runs := make(chan struct{}, 3)
+	task := lifecycle.Go("t", func(ctx context.Context) error { runs <- struct{}{}; <-ctx.Done(); return ctx.Err() })
+	for range 3 {
+		if err := task.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		<-runs
+		if err := task.Stop(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestTaskFailureIsDeliveredAndReturned proves that a Task whose function
+// returns before its stop reports it once on Failed and from Stop.
+func TestTaskFailureIsDeliveredAndReturned(t *testing.T) {
+	t.Parallel()
+	boom := errors.New("boom")
+	task := lifecycle.Go("t", func(ctx context.Context) error { return boom })
+	if err := task.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-task.Failed(); !errors.Is(err, boom) || !strings.Contains(err.Error(), "task t") {
+		t.Fatalf("Failed = %v", err)
+	}
+	if err := task.Stop(context.Background()); !errors.Is(err, boom) {
+		t.Fatalf("Stop = %v, want boom", err)
+	}
+}
+
+// startstopLoop is a component built directly on internal/startstop, as
+// the relay, the consumer and the purgers are.
+type startstopLoop struct {
+	svc  startstop.Service
+	work chan error
+}
+
+func (l *startstopLoop) Start(ctx context.Context) error {
+	return l.svc.Start(ctx, func(ctx context.Context, g *startstop.Group) error {
+		g.Go(ctx, func(ctx context.Context) {
+			work, cancel := lifecycle.WorkContext(ctx)
+			defer cancel()
+			<-ctx.Done()
+			select {
+			case <-work.Done():
+				l.work <- errors.New("work context ended at the soft stop")
+				return
+			default:
+			}
+			<-work.Done()
+			l.work <- nil
+		})
+		return nil
+	})
+}
+
+func (l *startstopLoop) Stop(ctx context.Context) error     { return l.svc.Stop(ctx) }
+func (l *startstopLoop) HardStop(ctx context.Context) error { return l.svc.HardStop(ctx) }
+
+// TestOneWorkContext proves that lifecycle.WorkContext is the work context
+// of every component, not only of Task: taken from the run of a component
+// built on internal/startstop, it survives that component's soft stop and
+// ends at its hard stop.
+func TestOneWorkContext(t *testing.T) {
+	t.Parallel()
+	l := &startstopLoop{work: make(chan error, 1)}
+	if err := l.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := l.Stop(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("soft Stop = %v while work was in hand", err)
+	}
+	if err := l.HardStop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-l.work; err != nil {
 		t.Fatal(err)
 	}
 }

@@ -36,6 +36,8 @@ func TestMain(m *testing.M) {
 //	hang   Stop ignores its ctx and returns only after HardStop
 //	stuck  Stop and HardStop never return
 //	http   the helper's HTTP server (/readyz, /release)
+//	slowstart   Start blocks until its ctx ends ("event start-cancelled NAME")
+//	stuckstart  Start ignores its ctx and never returns
 //
 // Every Start, Stop, its end and every HardStop print "event KIND NAME" on stdout;
 // the HTTP server prints "addr HOST:PORT" once listening. Logs are JSON on
@@ -98,8 +100,16 @@ func helperMain() int {
 		default:
 			hard := make(chan struct{})
 			c = &lifecycle.Funcs{
-				StartFunc: func(context.Context) error {
+				StartFunc: func(ctx context.Context) error {
 					event("start", name)
+					switch behaviour {
+					case "slowstart":
+						<-ctx.Done()
+						event("start-cancelled", name)
+						return ctx.Err()
+					case "stuckstart":
+						select {}
+					}
 					return nil
 				},
 				StopFunc: func(ctx context.Context) error {

@@ -237,8 +237,9 @@ func TestSecondSignalHardStops(t *testing.T) {
 
 // TestOverrunningStageIsCutOff proves that a stage past its budget is
 // hard-stopped and, if even that does not end it, abandoned, and that the
-// stages after it still run; the shutdown still counts as clean (exit 0)
-// because a cut-off is the designed outcome.
+// stages after it still run; and that Run reports every stage cut off
+// (exit 1, each named), because work in hand was abandoned: a supervisor
+// must be able to tell this stop from a clean one.
 func TestOverrunningStageIsCutOff(t *testing.T) {
 	t.Parallel()
 	p := startHelper(t, "1h", "slow:2s:hang,stuck:1s:stuck,next:1s:ok")
@@ -253,8 +254,10 @@ func TestOverrunningStageIsCutOff(t *testing.T) {
 	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
 	}
-	if code != 0 {
-		t.Fatalf("exit %d, want 0; stderr:\n%s", code, p.stderr.String())
+	stderr := p.stderr.String()
+	if code != 1 || !strings.Contains(stderr, `stage "slow" cut off`) || !strings.Contains(stderr, `stage "stuck" cut off`) ||
+		strings.Contains(stderr, `stage "next" cut off`) {
+		t.Fatalf("exit %d, want 1 with an error naming slow and stuck (only); stderr:\n%s", code, stderr)
 	}
 	cut := map[string]float64{}
 	for _, r := range logRecords(t, p.stderr.String()) {
@@ -264,5 +267,80 @@ func TestOverrunningStageIsCutOff(t *testing.T) {
 	}
 	if len(cut) != 2 || cut["slow"] != 0 || cut["stuck"] != 1 {
 		t.Fatalf("cut-off logs %v, want slow (0 abandoned) and stuck (1 abandoned); stderr:\n%s", cut, p.stderr.String())
+	}
+}
+
+// waitLog polls the helper's stderr until a JSON log record has msg, for at
+// most a minute: the point at which a second signal is a second signal
+// (signals sent back to back may be merged into one by the kernel).
+func (p *proc) waitLog(msg string) {
+	p.t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(p.stderr.String(), `"msg":"`+msg+`"`) {
+		if time.Now().After(deadline) {
+			p.t.Fatalf("no %q log within a minute; stderr:\n%s", msg, p.stderr.String())
+		}
+		time.Sleep(5 * time.Millisecond) // polling interval
+	}
+}
+
+// TestSignalCancelsBlockingStart proves that a signal during a Start that
+// blocks cancels that Start's ctx: the Start returns, the stages started
+// before it stop in order, the stages after it never start, and the stop
+// is clean (exit 0): an operator who stops a service that is still
+// starting asked for exactly that.
+func TestSignalCancelsBlockingStart(t *testing.T) {
+	t.Parallel()
+	p := startHelper(t, "1m", "first:1s:ok,slow:1s:slowstart,pool:1s:ok")
+	p.expect("event start pool", "event start slow")
+	p.signal(syscall.SIGTERM)
+	lines, code := p.rest()
+	want := []string{"event start-cancelled slow", "event stop-begin pool", "event stop-end pool"}
+	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("events:\n%s\nwant:\n%s\nstderr:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"), p.stderr.String())
+	}
+	if code != 0 {
+		t.Fatalf("exit %d, want 0; stderr:\n%s", code, p.stderr.String())
+	}
+}
+
+// TestShutdownTimeoutBoundsStuckStart proves that ShutdownTimeout bounds
+// the run from the first signal even when a Start ignores its ctx and never
+// returns: the stage of that Start is cut off at its budget, the later
+// stages still stop, and Run names the cut-off stage (exit 1). Before the
+// fix the process waited for the Start for ever.
+func TestShutdownTimeoutBoundsStuckStart(t *testing.T) {
+	t.Parallel()
+	p := startHelper(t, "1s", "slow:0s:stuckstart,pool:300ms:ok")
+	p.expect("event start pool", "event start slow")
+	p.signal(syscall.SIGTERM)
+	lines, code := p.rest()
+	want := []string{"event stop-begin pool", "event stop-end pool"}
+	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("events:\n%s\nwant:\n%s\nstderr:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"), p.stderr.String())
+	}
+	if stderr := p.stderr.String(); code != 1 || !strings.Contains(stderr, `stage "slow" cut off`) {
+		t.Fatalf("exit %d, want 1 naming the cut-off stage; stderr:\n%s", code, stderr)
+	}
+}
+
+// TestSecondSignalDuringStuckStart proves that a second signal is honoured
+// while a Start still blocks: with an hour of ShutdownTimeout, only the
+// hard stop can end the run, and it does, hard-stopping what started (no
+// soft stop) and reporting the hard stop (exit 1).
+func TestSecondSignalDuringStuckStart(t *testing.T) {
+	t.Parallel()
+	p := startHelper(t, "1h", "slow:0s:stuckstart,pool:1s:ok")
+	p.expect("event start pool", "event start slow")
+	p.signal(syscall.SIGTERM)
+	p.waitLog("shutdown begins")
+	p.signal(syscall.SIGTERM)
+	lines, code := p.rest()
+	want := []string{"event hardstop pool"}
+	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("events:\n%s\nwant:\n%s\nstderr:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"), p.stderr.String())
+	}
+	if stderr := p.stderr.String(); code != 1 || !strings.Contains(stderr, "hard stop on second signal") {
+		t.Fatalf("exit %d, want 1 with the hard-stop error; stderr:\n%s", code, stderr)
 	}
 }
