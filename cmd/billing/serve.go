@@ -23,11 +23,18 @@ func init() {
 
 const serveUsage = `Usage: billing serve [--roles http,relay,consumer,charger] [--partitions N] [--drain-delay D]
 
-Runs the reference billing service of ARCHITECTURE.md. Migrations are applied
-and missing topics created on start. The bound HTTP address is printed as
-"billing: listening on HOST:PORT". SIGTERM or SIGINT stops it in order
+Runs the reference billing service (docs/architecture.md). Migrations are
+applied and missing topics created on start. The bound HTTP address is printed
+as "billing: listening on HOST:PORT". SIGTERM or SIGINT stops it in order
 (readiness off, HTTP, consumer, relay, charge worker, Kafka clients, pool)
-within SHUTDOWN_TIMEOUT; a second signal stops it at once.
+within SHUTDOWN_TIMEOUT; a second signal stops it at once. A signal before it
+is ready (while it migrates, say) stops it too: the migration in hand rolls
+back whole.
+
+Exit status: 0 after a clean stop, also one before ready; 1 when a stage was
+cut off at its budget (stderr names it: 'lifecycle: stage "NAME" cut off at
+its budget'), after a second signal, or on any failure; 2 for a bad flag or
+environment variable.
 
 Environment:
   DATABASE_URL        PostgreSQL (default: the local server)

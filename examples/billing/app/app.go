@@ -258,22 +258,33 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.Unsafe != "" {
 		log.Error("UNSAFE MODE: BILLING_UNSAFE=" + cfg.Unsafe + " switches off a protection; this instance WILL charge twice or replay wrong answers. For the chaos harness only, never in production.")
 	}
-	// Until the group owns them, close what was opened on every error path.
+	// Until the group owns them, close what was opened on every early
+	// return.
 	var closers []func()
 	defer func() {
-		if err != nil {
-			for i := len(closers) - 1; i >= 0; i-- {
-				closers[i]()
-			}
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
 		}
 	}()
 	closers = append(closers, pool.Close)
 
+	// A signal (ctx's end) before the group runs is a stop asked for, not a
+	// failure: each migration version is one transaction with its version
+	// row, so the version in hand rolls back whole when ctx cancels its
+	// statement, and a later start applies it afresh. Topic creation is
+	// idempotent too.
+	stoppedBeforeReady := func(step string, err error) error {
+		if ctx.Err() == nil {
+			return err
+		}
+		log.Info("billing stopped before ready: the signal came while "+step+"; nothing was left half-done", "error", err)
+		return nil
+	}
 	if err := postgres.Migrate(ctx, pool); err != nil {
-		return err
+		return stoppedBeforeReady("migrating", err)
 	}
 	if err := ensureTopics(ctx, cfg.Brokers, partitions); err != nil {
-		return err
+		return stoppedBeforeReady("creating topics", err)
 	}
 
 	g, err := lifecycle.New(&lifecycle.Config{ShutdownTimeout: timeout, DrainDelay: drain, Logger: log})
