@@ -3,6 +3,7 @@ package migrate_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -60,13 +61,13 @@ func TestLoadRejectsBadSets(t *testing.T) {
 	for _, tt := range testCases {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := migrate.Load(tt.fs, "m")
+			_, err := migrate.Load(tt.fs, "m", nil)
 			if !errors.Is(err, migrate.ErrInvalidSet) || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want ErrInvalidSet containing %q", err, tt.want)
 			}
 		})
 	}
-	if _, err := migrate.Load(merge(ok("001", "a"), ok("002", "b")), "m"); err != nil {
+	if _, err := migrate.Load(merge(ok("001", "a"), ok("002", "b")), "m", nil); err != nil {
 		t.Fatalf("valid set rejected: %v", err)
 	}
 }
@@ -137,7 +138,7 @@ func TestConcurrentUpAppliesEachVersionOnce(t *testing.T) {
 			"CREATE TABLE t" + v + " (id int); INSERT INTO runs VALUES (" + v + "); SELECT pg_sleep(0.02);")}
 		set["m/"+v+"_t.down.sql"] = &fstest.MapFile{Data: []byte("DROP TABLE t" + v + ";")}
 	}
-	m, err := migrate.Load(set, "m")
+	m, err := migrate.Load(set, "m", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +206,7 @@ INSERT INTO good VALUES (1);
 SELECT * FROM no_such_table;`)},
 		"m/002_bad.down.sql": {Data: []byte("DROP TABLE half;")},
 	}
-	m, err := migrate.Load(set, "m")
+	m, err := migrate.Load(set, "m", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,11 +266,10 @@ func TestWithTableKeepsSetsApart(t *testing.T) {
 	app, err := migrate.Load(fstest.MapFS{
 		"m/001_orders.up.sql":   {Data: []byte("CREATE TABLE orders (id int);")},
 		"m/001_orders.down.sql": {Data: []byte("DROP TABLE orders;")},
-	}, "m")
+	}, "m", &migrate.Config{Table: "app_migration"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	app = app.WithTable("app_migration")
 	if applied, err := app.Up(ctx, db.Pool); err != nil || len(applied) != 1 {
 		t.Fatalf("app Up = %v, %v", applied, err)
 	}
@@ -286,5 +286,157 @@ func TestWithTableKeepsSetsApart(t *testing.T) {
 	}
 	if tableExists(t, db, "app_migration") && !tableExists(t, db, "idempotency_key") {
 		t.Fatal("app Down touched idem's tables")
+	}
+}
+
+// set builds a migration set from version → [name, up].
+func appSet(t *testing.T, steps ...[2]string) *migrate.Migrator {
+	t.Helper()
+	fs := fstest.MapFS{}
+	for i, st := range steps {
+		v := fmt.Sprintf("%03d", i+1)
+		fs["m/"+v+"_"+st[0]+".up.sql"] = &fstest.MapFile{Data: []byte(st[1])}
+		fs["m/"+v+"_"+st[0]+".down.sql"] = &fstest.MapFile{Data: []byte("SELECT 1;")}
+	}
+	m, err := migrate.Load(fs, "m", &migrate.Config{Table: "app_migration"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// An applied migration whose file was edited afterwards is refused by Up,
+// Down and Status, with an error naming the version: applying the rest on
+// top of a schema that is not what the files say would be a guess.
+func TestChangedMigrationIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	orig := appSet(t, [2]string{"a", "CREATE TABLE a (id int);"}, [2]string{"b", "CREATE TABLE b (id int);"})
+	if _, err := orig.Up(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	edited := appSet(t, [2]string{"a", "CREATE TABLE a (id bigint);"}, [2]string{"b", "CREATE TABLE b (id int);"},
+		[2]string{"c", "CREATE TABLE c (id int);"})
+	want := func(op string, err error) {
+		t.Helper()
+		if !errors.Is(err, migrate.ErrMigrationChanged) || !strings.Contains(err.Error(), "version 1 (a)") || !strings.Contains(err.Error(), "checksum") {
+			t.Errorf("%s = %v, want ErrMigrationChanged naming version 1 (a) and its checksum", op, err)
+		}
+	}
+	applied, err := edited.Up(ctx, db.Pool)
+	want("Up", err)
+	if len(applied) != 0 || tableExists(t, db, "c") {
+		t.Errorf("Up applied %v (table c exists: %v) on top of a changed migration", applied, tableExists(t, db, "c"))
+	}
+	_, err = edited.Down(ctx, db.Pool)
+	want("Down", err)
+	if !tableExists(t, db, "b") {
+		t.Error("Down reverted a version despite the changed migration")
+	}
+	st, err := edited.Status(ctx, db.Pool)
+	want("Status", err)
+	if st == nil || st.Migrations[0].State() != migrate.StateChecksumMismatch || st.Migrations[1].State() != migrate.StateApplied ||
+		st.Migrations[2].State() != migrate.StatePending || !st.Migrations[0].Changed() {
+		t.Fatalf("status = %+v", st)
+	}
+	// Whitespace around the script and CRLF line ends are not a change.
+	same := appSet(t, [2]string{"a", "\r\n  CREATE TABLE a (id int);\r\n\n"}, [2]string{"b", "CREATE TABLE b (id int);"})
+	if st, err := same.Status(ctx, db.Pool); err != nil || st.Migrations[0].State() != migrate.StateApplied {
+		t.Fatalf("a reformatted file: status %+v, %v", st, err)
+	}
+}
+
+// A file renamed after it was applied (same version, same SQL, another
+// name) is refused too: the name is what people read in status and logs.
+func TestRenamedMigrationIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	if _, err := appSet(t, [2]string{"a", "CREATE TABLE a (id int);"}).Up(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	renamed := appSet(t, [2]string{"create_a", "CREATE TABLE a (id int);"}, [2]string{"b", "CREATE TABLE b (id int);"})
+	_, err := renamed.Up(ctx, db.Pool)
+	if !errors.Is(err, migrate.ErrMigrationChanged) || !strings.Contains(err.Error(), "version 1") ||
+		!strings.Contains(err.Error(), `"a"`) || !strings.Contains(err.Error(), `"create_a"`) {
+		t.Fatalf("Up = %v, want ErrMigrationChanged naming version 1, a and create_a", err)
+	}
+	st, _ := renamed.Status(ctx, db.Pool)
+	if st == nil || st.Migrations[0].State() != migrate.StateRenamed || st.Migrations[0].AppliedName != "a" {
+		t.Fatalf("status = %+v", st)
+	}
+}
+
+// A database migrated before checksums were recorded (a version table
+// without the checksum column) keeps working: Status reads it without
+// changing it, and the next Up adds the column and records the checksums
+// of the applied versions as this binary has them (trust on first sight),
+// after which an edit is caught like any other.
+func TestLegacyVersionTableIsBackfilled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	// The version table and rows exactly as the previous release wrote them.
+	for _, q := range []string{
+		`CREATE TABLE app_migration (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`,
+		`CREATE TABLE a (id int)`,
+		`INSERT INTO app_migration (version, name) VALUES (1, 'a')`,
+	} {
+		if _, err := db.Pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := appSet(t, [2]string{"a", "CREATE TABLE a (id int);"}, [2]string{"b", "CREATE TABLE b (id int);"})
+	st, err := m.Status(ctx, db.Pool)
+	if err != nil || st.Current != 1 || st.Migrations[0].State() != migrate.StateNoChecksum {
+		t.Fatalf("legacy status = %+v, %v", st, err)
+	}
+	if applied, err := m.Up(ctx, db.Pool); err != nil || len(applied) != 1 || applied[0] != 2 {
+		t.Fatalf("Up on a legacy table = %v, %v", applied, err)
+	}
+	var nulls int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM app_migration WHERE checksum IS NULL`).Scan(&nulls); err != nil || nulls != 0 {
+		t.Fatalf("%d rows without a checksum after Up, %v", nulls, err)
+	}
+	st, err = m.Status(ctx, db.Pool)
+	if err != nil || st.Migrations[0].State() != migrate.StateApplied || st.Migrations[1].State() != migrate.StateApplied {
+		t.Fatalf("status after backfill = %+v, %v", st, err)
+	}
+	edited := appSet(t, [2]string{"a", "CREATE TABLE a (id text);"}, [2]string{"b", "CREATE TABLE b (id int);"})
+	if _, err := edited.Up(ctx, db.Pool); !errors.Is(err, migrate.ErrMigrationChanged) {
+		t.Fatalf("edit after backfill: Up = %v, want ErrMigrationChanged", err)
+	}
+}
+
+func TestChecksumIsRecordedAndExposed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t, testdb.Empty())
+	m, _ := migrate.Default()
+	if _, err := m.Up(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	for _, mig := range m.Migrations() {
+		var sum string
+		if err := db.Pool.QueryRow(ctx, `SELECT checksum FROM `+migrate.VersionTable+` WHERE version = $1`, mig.Version).Scan(&sum); err != nil {
+			t.Fatal(err)
+		}
+		if len(mig.Checksum) != 64 || sum != mig.Checksum {
+			t.Errorf("version %d: recorded %q, set has %q", mig.Version, sum, mig.Checksum)
+		}
+	}
+	if !strings.Contains(m.SQL(false), m.Migrations()[0].Checksum) {
+		t.Error("the SQL script does not record checksums")
+	}
+}
+
+func TestInvalidConfig(t *testing.T) {
+	t.Parallel()
+	fs := fstest.MapFS{"m/001_a.up.sql": {Data: []byte("SELECT 1;")}, "m/001_a.down.sql": {Data: []byte("SELECT 1;")}}
+	for _, table := range []string{"Bad-Name", "1abc", strings.Repeat("x", 64), "a b", `a"b`} {
+		if _, err := migrate.Load(fs, "m", &migrate.Config{Table: table}); !errors.Is(err, migrate.ErrInvalidConfig) || !strings.Contains(err.Error(), "Table") {
+			t.Errorf("Table %q: err %v, want ErrInvalidConfig naming Table", table, err)
+		}
 	}
 }

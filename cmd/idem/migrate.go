@@ -19,8 +19,15 @@ const migrateUsage = `Usage: idem migrate up|down|status|sql [flags]
 
   up      apply every pending migration
   down    revert the newest applied migration (one step)
-  status  list migrations and whether each is applied
+  status  list migrations and the state of each: pending; applied; applied,
+          checksum mismatch (the file was edited after it was applied);
+          applied, renamed; applied, no checksum recorded (applied by a
+          release that did not record checksums: the next up records them)
   sql     print the SQL of every migration (--down: the revert script)
+
+Each applied version's checksum is recorded; up, down and status refuse
+(exit 1, naming the version) a migration edited or renamed after it was
+applied: put a change in a new version instead.
 
 The database is --database-url, else DATABASE_URL, else the local server.`
 
@@ -82,20 +89,28 @@ func runMigrate(ctx context.Context, args []string) error {
 		}
 		fmt.Printf("reverted %03d_%s, now at version %d\n", v, m.Migrations()[v-1].Name, v-1)
 	case "status":
+		// Status returns the table with ErrUnknownVersion or
+		// ErrMigrationChanged: print the table, then fail with the error.
 		st, err := m.Status(ctx, pool)
-		if err != nil {
+		if st == nil {
 			return err
 		}
 		fmt.Printf("version %d of %d (%d pending)\n", st.Current, st.Latest, st.Pending())
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 		for _, s := range st.Migrations {
-			at := "pending"
-			if s.Applied {
-				at = "applied " + s.AppliedAt.Format("2006-01-02 15:04:05Z07:00")
+			state := s.State()
+			switch state {
+			case migrate.StateApplied:
+				state += " " + s.AppliedAt.Format("2006-01-02 15:04:05Z07:00")
+			case migrate.StateRenamed:
+				state += fmt.Sprintf(" (was %q)", s.AppliedName)
 			}
-			fmt.Fprintf(tw, "  %03d\t%s\t%s\n", s.Version, s.Name, at)
+			fmt.Fprintf(tw, "  %03d\t%s\t%s\n", s.Version, s.Name, state)
 		}
-		return tw.Flush()
+		if ferr := tw.Flush(); ferr != nil {
+			return ferr
+		}
+		return err
 	}
 	return nil
 }

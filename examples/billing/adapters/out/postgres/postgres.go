@@ -32,11 +32,11 @@ func Migrate(ctx context.Context, db migrate.DB) error {
 	if _, err := migrate.Up(ctx, db); err != nil {
 		return fmt.Errorf("billing: idem migrations: %w", err)
 	}
-	m, err := migrate.Load(migrations, "migrations")
+	m, err := migrate.Load(migrations, "migrations", &migrate.Config{Table: MigrationTable})
 	if err != nil {
 		return fmt.Errorf("billing: migrations: %w", err)
 	}
-	if _, err := m.WithTable(MigrationTable).Up(ctx, db); err != nil {
+	if _, err := m.Up(ctx, db); err != nil {
 		return fmt.Errorf("billing: migrations: %w", err)
 	}
 	return nil
