@@ -18,6 +18,12 @@ import (
 // order or customer, or an amount that is not positive. Not retryable.
 var ErrInvalidCharge = errors.New("paysim: invalid charge command")
 
+// ErrDeclined is a charge the provider declined for good (402
+// CARD_DECLINED): nothing was charged, and a retry with the same key gets
+// the same answer. It wraps the *idemclient.StatusError and is not
+// retryable: record the failure.
+var ErrDeclined = errors.New("paysim: charge declined")
+
 // ErrBadResponse is a 2xx answer that does not parse (a charge without a
 // charge id, a ledger that is not the contract's JSON). After Charge, the
 // charge may have happened: repeating the call with the same key returns
@@ -73,8 +79,8 @@ func NewClient(baseURL string, c *idemclient.Client) (*Client, error) {
 // retries and waits included.
 //
 // On error, idemclient.IsRetryable tells a definitive failure (the charge
-// did not and will not happen with this key, e.g. 409
-// IDEMPOTENCY_KEY_REUSED or 400) from an unknown outcome that the caller
+// did not and will not happen with this key: ErrDeclined, 409
+// IDEMPOTENCY_KEY_REUSED, 400) from an unknown outcome that the caller
 // must retry later with the same key.
 func (c *Client) Charge(ctx context.Context, cmd ChargeCommand) (ChargeResult, error) {
 	switch {
@@ -101,6 +107,10 @@ func (c *Client) Charge(ctx context.Context, cmd ChargeCommand) (ChargeResult, e
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.c.Do(req, cmd.IdempotencyKey)
 	if err != nil {
+		var se *idemclient.StatusError
+		if errors.As(err, &se) && se.StatusCode == http.StatusPaymentRequired && se.Code == CodeCardDeclined {
+			return ChargeResult{}, fmt.Errorf("%w: %w", ErrDeclined, err)
+		}
 		return ChargeResult{}, fmt.Errorf("paysim: charge: %w", err)
 	}
 	defer resp.Body.Close()
@@ -111,7 +121,7 @@ func (c *Client) Charge(ctx context.Context, cmd ChargeCommand) (ChargeResult, e
 	return ChargeResult{ChargeID: out.ChargeID, Replayed: resp.Replayed, Attempts: resp.Attempts}, nil
 }
 
-// chargeRequest is the body of POST /charges (ARCHITECTURE.md).
+// chargeRequest is the body of POST /charges (docs/contracts.md).
 type chargeRequest struct {
 	OrderID       string `json:"order_id"`
 	CustomerID    string `json:"customer_id"`
@@ -126,18 +136,25 @@ type chargeResponse struct {
 // Ledger returns every charge the provider has made (GET /ledger), for
 // audits: see Audit. ctx bounds the call, retries included.
 func (c *Client) Ledger(ctx context.Context) ([]Charge, error) {
+	e, err := c.Entries(ctx)
+	return e.Charges, err
+}
+
+// Entries returns every charge and every decline (GET /ledger), one
+// snapshot. ctx bounds the call, retries included.
+func (c *Client) Entries(ctx context.Context) (Entries, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/ledger", nil)
 	if err != nil {
-		return nil, fmt.Errorf("paysim: ledger: %w", err)
+		return Entries{}, fmt.Errorf("paysim: ledger: %w", err)
 	}
 	resp, err := c.c.Do(req, "")
 	if err != nil {
-		return nil, fmt.Errorf("paysim: ledger: %w", err)
+		return Entries{}, fmt.Errorf("paysim: ledger: %w", err)
 	}
 	defer resp.Body.Close()
-	var out ledgerResponse
+	var out Entries
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, fmt.Errorf("%w: ledger: %v", ErrBadResponse, err)
+		return Entries{}, fmt.Errorf("%w: ledger: %v", ErrBadResponse, err)
 	}
-	return out.Charges, nil
+	return out, nil
 }

@@ -13,21 +13,31 @@ import (
 // requests interleave: the 3rd arrival of key k is dropped or not whatever
 // other keys do meanwhile.
 type faults struct {
-	seed     uint64
-	failRate float64
-	dropRate float64
+	seed        uint64
+	failRate    float64
+	dropRate    float64
+	declineRate float64
 
 	mu   sync.Mutex
 	seen map[string]uint64 // kind + "\x00" + key → arrivals so far
 }
 
 const (
-	faultFail = "fail"
-	faultDrop = "drop"
+	faultFail    = "fail"
+	faultDrop    = "drop"
+	faultDecline = "decline"
 )
 
-func newFaults(seed uint64, failRate, dropRate float64) *faults {
-	return &faults{seed: seed, failRate: failRate, dropRate: dropRate, seen: map[string]uint64{}}
+func newFaults(seed uint64, failRate, dropRate, declineRate float64) *faults {
+	return &faults{seed: seed, failRate: failRate, dropRate: dropRate, declineRate: declineRate, seen: map[string]uint64{}}
+}
+
+// declined reports whether key is one the provider declines. Unlike the
+// other faults it is a function of the seed and the key alone, not of the
+// arrival: a card is declined on every attempt, by this process or by a
+// restarted one whose idempotency store is empty.
+func (f *faults) declined(key string) bool {
+	return f.declineRate > 0 && draw(f.seed, faultDecline, key, 0) < f.declineRate
 }
 
 // hit reports whether this arrival of key gets fault kind.

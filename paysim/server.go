@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempotency"
 )
 
@@ -29,14 +30,19 @@ const (
 )
 
 // Problem codes paysim writes itself (the idempotency middleware writes
-// the IDEMPOTENCY_KEY_* ones).
+// the IDEMPOTENCY_KEY_* ones). docs/problems.md describes each.
 const (
-	CodeMalformedJSON = "MALFORMED_JSON" // 400: not one JSON object of the contract's shape
-	CodeInvalidCharge = "INVALID_CHARGE" // 422: a field is missing, empty or out of range
-	CodeProviderFault = "PROVIDER_FAULT" // 500: injected failure, nothing charged
-	CodeNotFound      = "NOT_FOUND"      // 404
-	CodeMethod        = "METHOD_NOT_ALLOWED"
+	CodeMalformedJSON = "MALFORMED_JSON"     // 400: not one JSON object of the contract's shape
+	CodeInvalidCharge = "INVALID_CHARGE"     // 422: a field is missing, empty or out of range
+	CodeCardDeclined  = "CARD_DECLINED"      // 402: a definitive refusal, recorded; nothing charged, ever, for this key
+	CodeProviderFault = "PROVIDER_FAULT"     // 500 or 503: injected failure or abandoned charge, nothing charged
+	CodeNotFound      = "NOT_FOUND"          // 404
+	CodeMethod        = "METHOD_NOT_ALLOWED" // 405
 )
+
+// ErrInvalidConfig is returned by New for a bad Config; the error names
+// the field.
+var ErrInvalidConfig = errors.New("paysim: invalid config")
 
 // Config sets up a simulator. A nil Config means all defaults: no faults.
 type Config struct {
@@ -49,6 +55,13 @@ type Config struct {
 	// store, and the connection is closed without a response. Defaults to
 	// 0.
 	DropRate float64
+	// DeclineRate is the share of idempotency keys whose charge is
+	// declined: a definitive 402 CARD_DECLINED problem, recorded in the
+	// ledger as a decline and never charged. Whether a key is declined
+	// depends on Seed and the key only, so every attempt with the key gets
+	// the same answer (the first is also stored and replayed). Defaults to
+	// 0.
+	DeclineRate float64
 	// Latency is added to every charge after its key is claimed and before
 	// it is charged, which widens the in-progress window. Defaults to 0.
 	Latency time.Duration
@@ -67,16 +80,32 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+func (c *Config) withDefaults() Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.Scope == nil {
+		out.Scope = authorizationScope
+	}
+	if out.Lease == 0 {
+		out.Lease = LeaseDefault
+	}
+	return out
+}
+
 func (c *Config) validate() error {
 	switch {
 	case !(c.FailRate >= 0 && c.FailRate <= 1):
-		return fmt.Errorf("paysim: Config.FailRate %v is outside [0, 1]", c.FailRate)
+		return fmt.Errorf("%w: FailRate %v is outside [0, 1]", ErrInvalidConfig, c.FailRate)
 	case !(c.DropRate >= 0 && c.DropRate <= 1):
-		return fmt.Errorf("paysim: Config.DropRate %v is outside [0, 1]", c.DropRate)
+		return fmt.Errorf("%w: DropRate %v is outside [0, 1]", ErrInvalidConfig, c.DropRate)
+	case !(c.DeclineRate >= 0 && c.DeclineRate <= 1):
+		return fmt.Errorf("%w: DeclineRate %v is outside [0, 1]", ErrInvalidConfig, c.DeclineRate)
 	case c.Latency < 0:
-		return fmt.Errorf("paysim: Config.Latency %v is negative", c.Latency)
+		return fmt.Errorf("%w: Latency %v is negative", ErrInvalidConfig, c.Latency)
 	case c.Lease < 0:
-		return fmt.Errorf("paysim: Config.Lease %v is negative", c.Lease)
+		return fmt.Errorf("%w: Lease %v is negative", ErrInvalidConfig, c.Lease)
 	}
 	return nil
 }
@@ -89,13 +118,15 @@ type Stats struct {
 	Reused     int64 // 409 IDEMPOTENCY_KEY_REUSED answers (middleware or ledger)
 	Failed     int64 // injected 500s
 	Dropped    int64 // responses dropped after the charge
-	Invalid    int64 // charges rejected with a 4xx by paysim itself
+	Invalid    int64 // charges rejected as malformed or invalid (400, 422)
+	Declined   int64 // declines recorded in the ledger (402 CARD_DECLINED)
 }
 
 // Server is the payment-provider simulator, an http.Handler:
 //
-//	POST /charges  Idempotency-Key, {"order_id","customer_id","amount_kopecks"} → 201 {"charge_id"}
-//	GET  /ledger   → {"charges":[{"charge_id","idempotency_key","order_id","amount_kopecks","created_at"}…]}
+//	POST /charges  Idempotency-Key, {"order_id","customer_id","amount_kopecks"} → 201 {"charge_id"} or 402 CARD_DECLINED
+//	GET  /ledger   → {"charges":[{"charge_id","idempotency_key","order_id","customer_id","principal","amount_kopecks","created_at"}…],
+//	                  "declines":[{"decline_id","idempotency_key","order_id","customer_id","principal","amount_kopecks","code","created_at"}…]}
 //	GET  /healthz  → 200
 //	GET  /metrics  → Prometheus text: paysim_charges_total, paysim_replays_total, ...
 //
@@ -111,25 +142,16 @@ type Server struct {
 	mw      *idempotency.Middleware
 	handler http.Handler
 
-	charged, replayed, inProgress, reused, failed, dropped, invalid atomic.Int64
+	charged, replayed, inProgress, reused, failed, dropped, invalid, declined atomic.Int64
 }
 
 // New returns a simulator with an empty ledger.
 func New(cfg *Config) (*Server, error) {
-	var c Config
-	if cfg != nil {
-		c = *cfg
-	}
+	c := cfg.withDefaults()
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	if c.Scope == nil {
-		c.Scope = authorizationScope
-	}
-	if c.Lease == 0 {
-		c.Lease = LeaseDefault
-	}
-	s := &Server{cfg: c, ledger: NewLedger(), faults: newFaults(c.Seed, c.FailRate, c.DropRate)}
+	s := &Server{cfg: c, ledger: NewLedger(), faults: newFaults(c.Seed, c.FailRate, c.DropRate, c.DeclineRate)}
 	mw, err := idempotency.New(idempotency.NewMemoryStore(), &idempotency.Config{
 		Scope:     c.Scope,
 		Lease:     c.Lease,
@@ -174,7 +196,7 @@ func (s *Server) Ledger() *Ledger { return s.ledger }
 func (s *Server) Stats() Stats {
 	return Stats{
 		Charged: s.charged.Load(), Replayed: s.replayed.Load(), InProgress: s.inProgress.Load(), Reused: s.reused.Load(),
-		Failed: s.failed.Load(), Dropped: s.dropped.Load(), Invalid: s.invalid.Load(),
+		Failed: s.failed.Load(), Dropped: s.dropped.Load(), Invalid: s.invalid.Load(), Declined: s.declined.Load(),
 	}
 }
 
@@ -198,10 +220,11 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, "# HELP paysim_charges_total Charges written to the ledger.\n# TYPE paysim_charges_total counter\npaysim_charges_total %d\n", st.Charged)
 	fmt.Fprintf(w, "# HELP paysim_replays_total Charge answers replayed from the idempotency store.\n# TYPE paysim_replays_total counter\npaysim_replays_total %d\n", st.Replayed)
 	fmt.Fprintf(w, "# HELP paysim_conflicts_total 409 answers by problem code.\n# TYPE paysim_conflicts_total counter\n")
-	fmt.Fprintf(w, "paysim_conflicts_total{code=%q} %d\npaysim_conflicts_total{code=%q} %d\n", idempotency.CodeKeyInProgress, st.InProgress, idempotency.CodeKeyReused, st.Reused)
+	fmt.Fprintf(w, "paysim_conflicts_total{code=%q} %d\npaysim_conflicts_total{code=%q} %d\n", idem.CodeKeyInProgress, st.InProgress, idem.CodeKeyReused, st.Reused)
 	fmt.Fprintf(w, "# HELP paysim_faults_total Injected faults by kind.\n# TYPE paysim_faults_total counter\n")
 	fmt.Fprintf(w, "paysim_faults_total{kind=\"fail\"} %d\npaysim_faults_total{kind=\"drop\"} %d\n", st.Failed, st.Dropped)
 	fmt.Fprintf(w, "# HELP paysim_rejected_total Charges rejected as malformed or invalid.\n# TYPE paysim_rejected_total counter\npaysim_rejected_total %d\n", st.Invalid)
+	fmt.Fprintf(w, "# HELP paysim_declines_total Charges declined (402 CARD_DECLINED), recorded in the ledger.\n# TYPE paysim_declines_total counter\npaysim_declines_total %d\n", st.Declined)
 	fmt.Fprintf(w, "# HELP paysim_ledger_rows Rows in the ledger.\n# TYPE paysim_ledger_rows gauge\npaysim_ledger_rows %d\n", s.ledger.Len())
 }
 
@@ -215,11 +238,11 @@ func (s *Server) Stop(ctx context.Context) error { return s.mw.Stop(ctx) }
 // charge is POST /charges behind the idempotency middleware, which has
 // already claimed the key for this body.
 func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
-	key, err := idempotency.ParseKey(r.Header.Get(idempotency.HeaderName))
+	key, err := idem.ParseKey(r.Header.Get(idem.HeaderKey))
 	if err != nil {
 		// The middleware rejects these first; kept so that the handler is
 		// safe on its own.
-		writeProblem(w, http.StatusBadRequest, idempotency.CodeKeyRequired, "POST /charges needs an Idempotency-Key")
+		writeProblem(w, http.StatusBadRequest, idem.CodeKeyRequired, "POST /charges needs an Idempotency-Key")
 		return
 	}
 	var req chargeRequest
@@ -258,21 +281,37 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 	// The middleware has already resolved the scope; an error here cannot
 	// happen for a request it let through.
 	principal, _ := s.cfg.Scope(r)
-	row, inserted, err := s.ledger.Insert(Charge{IdempotencyKey: key, Principal: principal, OrderID: req.OrderID, CustomerID: req.CustomerID, AmountKopecks: req.AmountKopecks})
+	declineCode := ""
+	if s.faults.declined(key) {
+		declineCode = CodeCardDeclined
+	}
+	// The ledger settles the key once: a key it already knows keeps its
+	// first answer (charge or decline), which is what the middleware
+	// replays too, so even after the middleware's store forgot the key a
+	// decline never turns into a charge.
+	ch, dec, inserted, err := s.ledger.settle(Charge{IdempotencyKey: key, Principal: principal, OrderID: req.OrderID, CustomerID: req.CustomerID, AmountKopecks: req.AmountKopecks}, declineCode)
 	if errors.Is(err, ErrLedgerConflict) {
 		s.reused.Add(1)
 		// Reached only when the middleware's store forgot the key (after
 		// retention, or a restart of the store): the ledger is the last line.
-		writeProblem(w, http.StatusConflict, idempotency.CodeKeyReused, "this Idempotency-Key was charged for a different request ("+row.ChargeID+")")
+		writeProblem(w, http.StatusConflict, idem.CodeKeyReused, "this Idempotency-Key was settled for a different request")
+		return
+	}
+	if dec != nil {
+		if inserted {
+			s.declined.Add(1)
+			s.log(r.Context(), "declined", key, req.OrderID, "decline_id", dec.DeclineID)
+		}
+		writeProblem(w, http.StatusPaymentRequired, CodeCardDeclined, "the charge was declined ("+dec.DeclineID+"); nothing was charged and this key will not be charged")
 		return
 	}
 	if inserted {
 		s.charged.Add(1)
-		s.log(r.Context(), "charged", key, req.OrderID, "charge_id", row.ChargeID)
+		s.log(r.Context(), "charged", key, req.OrderID, "charge_id", ch.ChargeID)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
-	json.NewEncoder(w).Encode(chargeResponse{ChargeID: row.ChargeID})
+	json.NewEncoder(w).Encode(chargeResponse{ChargeID: ch.ChargeID})
 }
 
 func (s *Server) log(ctx context.Context, msg, key, order string, attrs ...any) {
@@ -312,16 +351,8 @@ func decodeStrict(r io.Reader, v any) error {
 }
 
 func (s *Server) listLedger(w http.ResponseWriter, r *http.Request) {
-	charges := s.ledger.Charges()
-	if charges == nil {
-		charges = []Charge{}
-	}
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(ledgerResponse{Charges: charges})
-}
-
-type ledgerResponse struct {
-	Charges []Charge `json:"charges"`
+	json.NewEncoder(w).Encode(s.ledger.Entries())
 }
 
 // dropping injects "charged, then the connection broke": it lets the
@@ -332,7 +363,7 @@ func (s *Server) dropping(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		buf := &bufferedWriter{w: w, header: http.Header{}}
 		next.ServeHTTP(buf, r)
-		key, _ := idempotency.ParseKey(r.Header.Get(idempotency.HeaderName))
+		key, _ := idem.ParseKey(r.Header.Get(idem.HeaderKey))
 		if buf.statusCode() == http.StatusCreated && s.faults.hit(faultDrop, key) {
 			// Step by step, what the client sees: it sent the request, the
 			// provider charged and stored the answer, and the connection
@@ -398,7 +429,7 @@ func (b *bufferedWriter) flushTo(w http.ResponseWriter) {
 
 // writeProblem writes an RFC 9457 problem with idem's code member.
 func writeProblem(w http.ResponseWriter, status int, code, detail string) {
-	w.Header().Set("Content-Type", idempotency.ProblemContentType)
+	w.Header().Set("Content-Type", idem.ProblemContentType)
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(idempotency.Problem{
 		Type:   "https://github.com/idemkit/idem/blob/main/docs/problems.md#" + strings.ToLower(strings.ReplaceAll(code, "_", "-")),

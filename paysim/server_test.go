@@ -247,7 +247,7 @@ func TestLedgerJSONContract(t *testing.T) {
 		t.Fatalf("GET /ledger = %q (%v)", r.body, err)
 	}
 	row := got.Charges[0]
-	want := []string{"charge_id", "idempotency_key", "order_id", "amount_kopecks", "created_at"}
+	want := []string{"charge_id", "idempotency_key", "order_id", "customer_id", "principal", "amount_kopecks", "created_at"}
 	if len(row) != len(want) {
 		t.Errorf("row has members %v, want exactly %v", row, want)
 	}
@@ -259,14 +259,15 @@ func TestLedgerJSONContract(t *testing.T) {
 	if _, err := time.Parse(time.RFC3339Nano, fmt.Sprint(row["created_at"])); err != nil {
 		t.Errorf("created_at: %v", err)
 	}
-	if row["idempotency_key"] != "k" || row["order_id"] != "o-1" || row["amount_kopecks"] != 100.0 {
+	if row["idempotency_key"] != "k" || row["order_id"] != "o-1" || row["customer_id"] != "c-1" ||
+		row["principal"] != paysim.ScopeDefault || row["amount_kopecks"] != 100.0 {
 		t.Errorf("row = %v", row)
 	}
 
-	// An empty ledger is an empty list, not null.
+	// An empty ledger is empty lists, not null.
 	empty := setup(t, nil)
 	r, _ = send(t, hc, "GET", empty.url+"/ledger", "", nil)
-	if strings.TrimSpace(r.body) != `{"charges":[]}` {
+	if strings.TrimSpace(r.body) != `{"charges":[],"declines":[]}` {
 		t.Errorf("empty ledger = %q", r.body)
 	}
 }
@@ -365,9 +366,11 @@ func TestNewValidatesConfig(t *testing.T) {
 		{paysim.Config{DropRate: 2}, "DropRate"},
 		{paysim.Config{Latency: -1}, "Latency"},
 		{paysim.Config{Lease: -1}, "Lease"},
+		{paysim.Config{DeclineRate: 1.01}, "DeclineRate"},
+		{paysim.Config{DeclineRate: -1}, "DeclineRate"},
 	} {
-		if _, err := paysim.New(&tt.cfg); err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("New(%+v) = %v, want an error naming %s", tt.cfg, err, tt.want)
+		if _, err := paysim.New(&tt.cfg); !errors.Is(err, paysim.ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidConfig naming %s", tt.cfg, err, tt.want)
 		}
 	}
 }

@@ -212,6 +212,8 @@ func TestPaysimBadInput(t *testing.T) {
 	}{
 		{"rate above 1", nil, []string{"paysim", "--fail-rate", "2"}, "FailRate"},
 		{"negative drop rate", nil, []string{"paysim", "--drop-rate", "-0.5"}, "DropRate"},
+		{"decline rate above 1", nil, []string{"paysim", "--decline-rate", "1.5"}, "DeclineRate"},
+		{"bad env decline rate", []string{"PAYSIM_DECLINE_RATE=half"}, []string{"paysim"}, "PAYSIM_DECLINE_RATE"},
 		{"bad latency flag", nil, []string{"paysim", "--latency", "soon"}, "invalid value"},
 		{"bad env rate", []string{"PAYSIM_DROP_RATE=lots"}, []string{"paysim"}, "PAYSIM_DROP_RATE"},
 		{"bad env latency", []string{"PAYSIM_LATENCY=soon"}, []string{"paysim"}, "PAYSIM_LATENCY"},
@@ -228,7 +230,7 @@ func TestPaysimBadInput(t *testing.T) {
 		})
 	}
 	stdout, stderr, code := runIdem(t, nil, "paysim", "--help")
-	if code != 0 || stderr != "" || !strings.Contains(stdout, "POST /charges") || !strings.Contains(stdout, "drop-rate") {
+	if code != 0 || stderr != "" || !strings.Contains(stdout, "POST /charges") || !strings.Contains(stdout, "drop-rate") || !strings.Contains(stdout, "decline-rate") {
 		t.Errorf("--help: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 }
@@ -261,5 +263,37 @@ func TestPaysimInFlightChargeFinishesOnSIGTERM(t *testing.T) {
 	}
 	if len(lines) != 1 || !strings.Contains(lines[0], "1 charges") {
 		t.Errorf("final output %q, want one summary line with 1 charges", lines)
+	}
+}
+
+// TestPaysimDeclineRate: --decline-rate (or PAYSIM_DECLINE_RATE) makes the
+// process decline keys for good: the client sees ErrDeclined, not
+// retryable, on every attempt; GET /ledger lists the declines beside no
+// charge; the summary counts them.
+func TestPaysimDeclineRate(t *testing.T) {
+	t.Parallel()
+	for _, run := range []struct {
+		env  []string
+		args []string
+	}{
+		{nil, []string{"--decline-rate", "1"}},
+		{[]string{"PAYSIM_DECLINE_RATE=1"}, nil},
+	} {
+		p := startPaysim(t, run.env, run.args...)
+		c := paysimClient(t, p.url)
+		cmd := paysim.ChargeCommand{IdempotencyKey: "o-1:charge", OrderID: "o-1", CustomerID: "c-1", AmountKopecks: 10}
+		for range 2 {
+			if _, err := c.Charge(t.Context(), cmd); !errors.Is(err, paysim.ErrDeclined) || idemclient.IsRetryable(err) {
+				t.Fatalf("%v %v: Charge = %v, want ErrDeclined", run.env, run.args, err)
+			}
+		}
+		e, err := c.Entries(t.Context())
+		if err != nil || len(e.Charges) != 0 || len(e.Declines) != 1 || e.Declines[0].CustomerID != "c-1" || e.Declines[0].Principal != paysim.ScopeDefault {
+			t.Fatalf("ledger %+v, %v", e, err)
+		}
+		lines, err := p.stop(t)
+		if err != nil || len(lines) != 1 || !strings.Contains(lines[0], "0 charges, 1 declines") {
+			t.Fatalf("stop: %v, %q", err, lines)
+		}
 	}
 }
