@@ -153,8 +153,8 @@ func logRecords(t *testing.T, stderr string) []map[string]any {
 	return out
 }
 
-// TestSIGTERMStopsStagesInOrder proves the contract of ARCHITECTURE.md on a
-// real process: SIGTERM flips /readyz to 503 while the listener is still
+// TestSIGTERMStopsStagesInOrder proves the shutdown contract of
+// docs/architecture.md on a real process: SIGTERM flips /readyz to 503 while the listener is still
 // open, then every stage stops in order, each finishing before the next
 // begins, each logged with its duration, and the process exits 0.
 func TestSIGTERMStopsStagesInOrder(t *testing.T) {

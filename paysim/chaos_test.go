@@ -38,8 +38,8 @@ type outcome struct {
 	err error
 }
 
-// chargeAll charges every order once through c, 16 at a time, with the
-// article's deterministic key: order id + ":charge:" + request id.
+// chargeAll charges every order once through c, 16 at a time, with a key
+// derived from the operation: order id + ":charge:" + request id.
 func chargeAll(t *testing.T, c *paysim.Client, os []order) []outcome {
 	t.Helper()
 	out := make([]outcome, len(os))
@@ -140,8 +140,8 @@ func TestThousandChargesUnderFaultsChargeOnce(t *testing.T) {
 		audit, st, replayed, retried, transportRetries.Load())
 }
 
-// freshKeyTransport is the article's common mistake: a new key on every
-// attempt (uuid.New() per call). It rewrites the Idempotency-Key of each
+// freshKeyTransport is the common mistake: a new key on every attempt
+// (uuid.New() per call). It rewrites the Idempotency-Key of each
 // request idemclient sends.
 type freshKeyTransport struct {
 	base http.RoundTripper

@@ -30,8 +30,7 @@ var ErrDeclined = errors.New("paysim: charge declined")
 // the stored answer.
 var ErrBadResponse = errors.New("paysim: malformed response")
 
-// ChargeCommand is one charge, the article's payment.ChargeCommand.
-// IdempotencyKey is derived from the business operation (for example
+// ChargeCommand is one charge. IdempotencyKey is derived from the business operation (for example
 // idemclient.Key(orderID, "charge", requestID)), never generated per call.
 type ChargeCommand struct {
 	IdempotencyKey string
@@ -51,8 +50,8 @@ type ChargeResult struct {
 	Attempts int
 }
 
-// Client is a typed client of POST /charges, the article's payment
-// adapter. It is safe for concurrent use.
+// Client is a typed client of POST /charges: the payment adapter of a
+// service that charges through the provider. It is safe for concurrent use.
 type Client struct {
 	base string
 	c    *idemclient.Client

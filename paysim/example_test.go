@@ -9,7 +9,7 @@ import (
 	"github.com/idemkit/idem/paysim"
 )
 
-// The article's Charge: one key, derived from the order and the request,
+// A charge with one key, derived from the order and the request,
 // for every attempt; a repeat is answered from the provider's store.
 func ExampleClient_Charge() {
 	sim, _ := paysim.New(nil)

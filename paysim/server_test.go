@@ -106,7 +106,7 @@ func TestBadInputIsProblem4xxWithoutCharge(t *testing.T) {
 		{"malformed JSON", "POST", "/charges", `{"order_id":`, key, 400, "MALFORMED_JSON"},
 		{"not an object", "POST", "/charges", `[1,2]`, key, 400, "MALFORMED_JSON"},
 		{"empty body", "POST", "/charges", ``, key, 400, "MALFORMED_JSON"},
-		{"unknown member (the article's amount)", "POST", "/charges", `{"order_id":"o","customer_id":"c","amount":100}`, key, 400, "MALFORMED_JSON"},
+		{"unknown member (amount instead of amount_kopecks)", "POST", "/charges", `{"order_id":"o","customer_id":"c","amount":100}`, key, 400, "MALFORMED_JSON"},
 		{"trailing data", "POST", "/charges", `{"order_id":"o","customer_id":"c","amount_kopecks":1} {}`, key, 400, "MALFORMED_JSON"},
 		{"amount as string", "POST", "/charges", `{"order_id":"o","customer_id":"c","amount_kopecks":"100"}`, key, 400, "MALFORMED_JSON"},
 		{"fractional amount", "POST", "/charges", `{"order_id":"o","customer_id":"c","amount_kopecks":1.5}`, key, 400, "MALFORMED_JSON"},

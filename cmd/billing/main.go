@@ -1,5 +1,6 @@
-// Command billing is the reference service of idem: the billing system of
-// the seed article, built only on idem's public packages, plus the demo and
+// Command billing is the reference service of idem: a billing system that
+// charges orders and payments through a payment provider, built only on
+// idem's public packages (see docs/architecture.md), plus the demo and
 // the chaos harness that prove it charges every order exactly once.
 //
 // Each subcommand lives in its own file and registers itself in init.

@@ -26,8 +26,8 @@ func init() {
 	registerBench(&benchScenario{
 		Name: "relay",
 		Summary: "Outbox relay throughput on --events pending events over --aggregates aggregates:\n" +
-			"sql-ceiling (claim + mark statements alone, no publish), per-row (the seed\n" +
-			"article's loop: claim, one produce call, one UPDATE per row), at-least-once and\n" +
+			"sql-ceiling (claim + mark statements alone, no publish), per-row (the naive\n" +
+			"loop: claim, one produce call, one UPDATE per row), at-least-once and\n" +
 			"two-phase (the outbox.Relay modes, one ProduceSync per batch); then\n" +
 			"notify-latency: commit → Kafka latency at --rate events/s with LISTEN/NOTIFY\n" +
 			"wake-up (poll interval 1s). In-process kfake broker, scratch schema (dropped after).",
@@ -238,9 +238,9 @@ func benchRelaySeed(ctx context.Context, pool *pgxpool.Pool, n, aggregates int) 
 	return nil
 }
 
-// benchPerRowBatch is the seed article's loop: claim with FOR UPDATE SKIP
-// LOCKED, one produce call for the batch, then one UPDATE per row, all in
-// one transaction. Raw SQL: it is the baseline, not the package's code.
+// benchPerRowBatch is the naive relay loop, the one a first outbox is
+// usually written as: claim with FOR UPDATE SKIP LOCKED, one produce call
+// for the batch, then one UPDATE per row, all in one transaction. Raw SQL: it is the baseline, not the package's code.
 func benchPerRowBatch(ctx context.Context, pool *pgxpool.Pool, cl *kgo.Client, batchSize int) (int, error) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {

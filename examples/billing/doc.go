@@ -1,5 +1,6 @@
-// Package billing is the reference service of idem: the billing system of
-// the seed article, laid out as the article's hexagonal service and built
+// Package billing is the reference service of idem: a billing system that
+// confirms orders and charges them through a payment provider, laid out as
+// a hexagonal service (domain, use cases, adapters in and out) and built
 // only on idem's public packages.
 //
 //	domain/              orders, payments, their states and rules
@@ -13,7 +14,8 @@
 //	scheduler/           outbox relay and reaper, retention purges
 //	app/                 wiring, roles and the ordered shutdown (lifecycle)
 //
-// The flow, the HTTP contract and the shutdown order are in ARCHITECTURE.md.
+// The flow and the shutdown order are in docs/architecture.md, the HTTP
+// contract in docs/contracts.md.
 //
 // # What it guarantees
 //

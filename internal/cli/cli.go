@@ -1,6 +1,6 @@
 // Package cli is the shared machinery of idem's command-line programs:
 // subcommand dispatch, flag parsing with one-line errors, and the
-// environment defaults of ARCHITECTURE.md.
+// environment defaults of docs/contracts.md.
 package cli
 
 import (

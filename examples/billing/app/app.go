@@ -1,6 +1,6 @@
 // Package app wires billing: configuration, roles, migrations, topics, and
 // every long-running part under one lifecycle.Group in the stop order of
-// ARCHITECTURE.md.
+// docs/architecture.md.
 package app
 
 import (
@@ -186,7 +186,7 @@ type Config struct {
 
 // Run applies the migrations, creates missing topics, starts the roles and
 // blocks until SIGTERM/SIGINT (or ctx's end), then stops everything in the
-// order of ARCHITECTURE.md: readiness off → HTTP → consumer → relay →
+// order of docs/architecture.md: readiness off → HTTP → consumer → relay →
 // charge worker → Kafka clients → pool, each stage on its share of
 // ShutdownTimeout.
 func Run(ctx context.Context, cfg Config) (err error) {
@@ -209,9 +209,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if drain < 0 || drain >= timeout/2 {
 		return fmt.Errorf("billing: DrainDelay %s must be in [0, ShutdownTimeout/2)", drain)
 	}
-	// The stages share what the drain leaves, in the proportions of
-	// ARCHITECTURE.md's order (HTTP gets the most: its requests are the
-	// ones a client is waiting on); 4% stays unreserved for hard stops.
+	// The stages share what the drain leaves, in stop order (HTTP gets the
+	// most: its requests are the ones a client is waiting on); 4% stays
+	// unreserved for hard stops.
 	rest := timeout - drain
 	share := func(pct int) time.Duration { return rest * time.Duration(pct) / 100 }
 	addr := cfg.HTTPAddr

@@ -12,7 +12,7 @@ import (
 	"github.com/idemkit/idem/examples/billing/domain"
 )
 
-// Topics of the reference flow (ARCHITECTURE.md).
+// Topics of the reference flow (docs/contracts.md).
 const (
 	TopicOrderEvents     = "orders.events"
 	TopicBillingCommands = "billing.commands"
@@ -185,8 +185,9 @@ func CreatePaymentExec(ctx context.Context, repo Repository, owner string, cmd C
 
 // HandleOrderConfirmed is the orders.events consumer's step, run in the
 // transaction that also records eventID in processed_event: it orders the
-// charge by emitting ChargeRequested with the key eventID + ":billing" (the
-// article's choice), which the outbox carries to the charge worker. The
+// charge by emitting ChargeRequested with the key eventID + ":billing" (a
+// key derived from the event, so every redelivery orders the same charge),
+// which the outbox carries to the charge worker. The
 // provider is not called here: the call may take seconds, and this
 // transaction would hold its row the whole time.
 func HandleOrderConfirmed(ctx context.Context, repo Repository, eventID string, payload []byte) error {

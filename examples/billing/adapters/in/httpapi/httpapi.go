@@ -1,5 +1,5 @@
 // Package httpapi is billing's inbound HTTP adapter: the API of
-// ARCHITECTURE.md behind bearer-token principals, every POST behind the
+// docs/contracts.md behind bearer-token principals, every POST behind the
 // idempotency middleware in transactional mode (the handler's writes and
 // its outbox events commit with the idempotency record), errors as
 // problem+json, and /healthz, /readyz, /metrics.

@@ -1,6 +1,6 @@
-// Package payment is billing's payment-provider adapter: the article's
-// internal/adapters/out/payment client, here paysim's typed client over
-// idemclient, so every attempt of one charge carries the command's key.
+// Package payment is billing's payment-provider adapter: paysim's typed
+// client over idemclient, so every attempt of one charge carries the
+// command's key.
 package payment
 
 import (
