@@ -7,6 +7,8 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -38,23 +40,34 @@ type PublisherConfig struct {
 	AllowWeakProducer bool
 }
 
-// Publisher is an outbox.Publisher that produces each relay batch with one
-// ProduceSync call. Record key = aggregate id (so one aggregate lands in
-// one partition, in order, with the client's default key-hash
-// partitioner); value = payload; headers event-id, event-type,
-// aggregate-type, aggregate-seq and the message's own headers.
+// Publisher is an outbox.Publisher (and outbox.Checker) that produces
+// each relay call with one batch of Produce calls on a franz-go client.
+// Record key = aggregate id (so one aggregate lands in one partition, in
+// order, with the client's default key-hash partitioner); value = payload;
+// headers event-id, event-type, aggregate-type, aggregate-seq and the
+// message's own headers, sorted by name.
+//
+// It keeps no ordering logic of its own: the relay decides what goes in a
+// call, and the order inside a partition is franz-go's idempotent
+// producer's, which fails every later record of a partition after a
+// failed one.
 type Publisher struct {
 	cl       *kgo.Client
 	maxBatch func(topic string) int32
+	flush    bool // records may wait for a linger or a manual flush
 }
 
-var _ outbox.Publisher = (*Publisher)(nil)
+var (
+	_ outbox.Publisher = (*Publisher)(nil)
+	_ outbox.Checker   = (*Publisher)(nil)
+)
 
 // ProducerOpts are the client options the publisher expects, spelled out:
 // acks from all in-sync replicas with idempotent writes (franz-go's
 // defaults, which NewPublisher verifies). Record retries stay unlimited
-// (the default): the relay's batch context bounds a publish instead.
-// Pass them to kgo.NewClient with the seed brokers.
+// (the default) and no RecordDeliveryTimeout is needed: every record
+// carries the relay's publish context, and Publish returns by its
+// deadline. Pass them to kgo.NewClient with the seed brokers.
 func ProducerOpts() []kgo.Opt {
 	return []kgo.Opt{kgo.RequiredAcks(kgo.AllISRAcks())}
 }
@@ -66,8 +79,8 @@ func ProducerOpts() []kgo.Opt {
 // and returns ErrWeakProducer otherwise. Idempotence is what keeps a
 // partition's records in order and free of broker-side duplicates when
 // franz-go retries a produce request; a failed record then fails every
-// later record of its partition, which is the ordering contract of
-// outbox.Publisher.
+// later record of its partition, which is what outbox.Publisher asks of a
+// publisher's order.
 func NewPublisher(client *kgo.Client, cfg *PublisherConfig) (*Publisher, error) {
 	if client == nil {
 		return nil, ErrNilClient
@@ -89,6 +102,9 @@ func NewPublisher(client *kgo.Client, cfg *PublisherConfig) (*Publisher, error) 
 	}
 	p := &Publisher{cl: client}
 	p.maxBatch, _ = client.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32)
+	linger, _ := client.OptValue(kgo.ProducerLinger).(time.Duration)
+	manual, _ := client.OptValue(kgo.ManualFlushing).(bool)
+	p.flush = linger > 0 || manual
 	return p, nil
 }
 
@@ -96,74 +112,111 @@ func NewPublisher(client *kgo.Client, cfg *PublisherConfig) (*Publisher, error) 
 // header (61 bytes) with room to spare.
 const recordOverhead = 512
 
-// Publish produces events with one ProduceSync call and waits for every
-// record's result. ctx (the relay's batch context) bounds the wait. It
-// returns nil when all were written, an *outbox.BatchError naming the
-// failed ones otherwise.
-//
-// Order within an aggregate: once a record of an aggregate fails, no later
-// record of it may land ahead of its retry. franz-go guarantees that for
-// failures inside a partition's idempotent stream, but it fails a record
-// that is too large for a batch (or has no topic) on its own, before
-// buffering, and produces the records behind it. Publish therefore checks
-// those conditions first and does not produce the rest of such an
-// aggregate in this batch.
-func (p *Publisher) Publish(ctx context.Context, events []outbox.Event) error {
-	errs := make([]error, len(events))
-	failed := false
-	blocked := map[[2]string]string{}
-	recs := make([]*kgo.Record, 0, len(events))
-	idx := make([]int, 0, len(events))
-	for i, e := range events {
-		k := [2]string{e.AggregateType, e.AggregateID}
-		r := Record(e)
-		switch {
-		case blocked[k] != "":
-			errs[i] = fmt.Errorf("%w: behind failed event %s", ErrHeldBack, blocked[k])
-		case r.Topic == "":
-			errs[i] = fmt.Errorf("kafka: event %s has no topic", e.EventID)
-		case p.maxBatch != nil && recordSize(r)+recordOverhead > int(p.maxBatch(r.Topic)):
-			errs[i] = fmt.Errorf("kafka: event %s: %w (%d bytes, batch limit %d)",
-				e.EventID, kerr.MessageTooLarge, recordSize(r), p.maxBatch(r.Topic))
-		default:
-			recs = append(recs, r)
-			idx = append(idx, i)
-			continue
-		}
-		failed = true
-		if blocked[k] == "" {
-			blocked[k] = e.EventID
+// Check refuses, before anything is sent, an event that franz-go would
+// fail on its own while producing the records behind it: one with no
+// topic, or one too large for a produce batch of the client
+// (kgo.ProducerBatchMaxBytes, 1 MB by default). The error of a too large
+// event wraps kerr.MessageTooLarge. A record within the client's limit
+// but over the broker's (max.message.bytes) is refused by the broker,
+// which fails the rest of its partition in order: Publish reports that.
+func (p *Publisher) Check(e outbox.Event) error {
+	if e.Topic == "" {
+		return fmt.Errorf("kafka: event %s has no topic", e.EventID)
+	}
+	if p.maxBatch != nil {
+		size := eventSize(&e)
+		if limit := int(p.maxBatch(e.Topic)); size+recordOverhead > limit {
+			return fmt.Errorf("kafka: event %s: %w (%d bytes, batch limit %d)", e.EventID, kerr.MessageTooLarge, size, limit)
 		}
 	}
-	if len(recs) == 0 {
-		return &outbox.BatchError{Errs: errs}
-	}
-	for j, res := range p.cl.ProduceSync(ctx, recs...) {
-		if res.Err != nil {
-			failed = true
-			errs[idx[j]] = fmt.Errorf("kafka: produce to %s: %w", res.Record.Topic, res.Err)
-		}
-	}
-	if !failed {
-		return nil
-	}
-	return &outbox.BatchError{Errs: errs}
+	return nil
 }
 
-// ErrHeldBack is the error of an event not produced because an earlier
-// event of its aggregate failed in the same batch.
-var ErrHeldBack = errors.New("kafka: held back behind a failed event of the same aggregate")
-
-func recordSize(r *kgo.Record) int {
-	n := len(r.Key) + len(r.Value)
-	for _, h := range r.Headers {
-		n += len(h.Key) + len(h.Value)
+func eventSize(e *outbox.Event) int {
+	n := len(e.AggregateID) + len(e.Payload) + len(HeaderEventID) + len(e.EventID) +
+		len(HeaderEventType) + len(e.EventType) + len(HeaderAggregateType) + len(e.AggregateType) +
+		len(HeaderAggregateSeq) + 20
+	for k, v := range e.Headers {
+		n += len(k) + len(v)
 	}
 	return n
 }
 
-// Record is the Kafka record Publisher produces for e.
-func Record(e outbox.Event) *kgo.Record {
+// Publish produces events and waits for every record's result, or for
+// ctx's deadline (the relay's publish deadline), whichever comes first. It
+// returns nil when all were written, and otherwise an *outbox.BatchError
+// whose Errs[i] is events[i]'s result: each record has its own promise,
+// so the mapping does not depend on the order in which partitions answer.
+// A record still unanswered when ctx ends is reported failed with ctx's
+// error (its outcome is unknown; franz-go fails it at its next retry, or
+// delivers it, which the relay's republish turns into a duplicate).
+func (p *Publisher) Publish(ctx context.Context, events []outbox.Event) error {
+	c := &produceCall{errs: make([]error, len(events)), answered: make([]bool, len(events)),
+		left: len(events), done: make(chan struct{})}
+	if len(events) == 0 {
+		return nil
+	}
+	for i := range events {
+		p.cl.Produce(ctx, record(&events[i]), func(_ *kgo.Record, err error) { c.answer(i, err) })
+	}
+	if p.flush {
+		// A lingering (or manually flushed) client holds the records until
+		// something flushes them; ProduceSync would, and so does Flush, for
+		// as long as this call waits.
+		fctx, cancel := context.WithCancel(ctx)
+		flushed := make(chan struct{})
+		go func() { defer close(flushed); _ = p.cl.Flush(fctx) }()
+		defer func() { cancel(); <-flushed }()
+	}
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true // late answers change nothing from here
+	failed := false
+	for i, e := range events {
+		switch {
+		case !c.answered[i]:
+			c.errs[i] = fmt.Errorf("kafka: produce %s to %s: no answer by the deadline, outcome unknown: %w", e.EventID, e.Topic, ctx.Err())
+		case c.errs[i] != nil:
+			c.errs[i] = fmt.Errorf("kafka: produce %s to %s: %w", e.EventID, e.Topic, c.errs[i])
+		default:
+			continue
+		}
+		failed = true
+	}
+	if !failed {
+		return nil
+	}
+	return &outbox.BatchError{Errs: c.errs}
+}
+
+// produceCall collects one Publish call's answers by input index.
+type produceCall struct {
+	mu       sync.Mutex
+	errs     []error
+	answered []bool
+	left     int
+	closed   bool
+	done     chan struct{}
+}
+
+func (c *produceCall) answer(i int, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.answered[i] {
+		return
+	}
+	c.answered[i], c.errs[i] = true, err
+	if c.left--; c.left == 0 {
+		close(c.done)
+	}
+}
+
+// record is the Kafka record Publisher produces for e.
+func record(e *outbox.Event) *kgo.Record {
 	h := make([]kgo.RecordHeader, 0, 4+len(e.Headers))
 	h = append(h,
 		kgo.RecordHeader{Key: HeaderEventID, Value: []byte(e.EventID)},

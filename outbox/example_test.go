@@ -4,12 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"os"
-	"os/signal"
-	"syscall"
+	"sync"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/outbox"
 )
@@ -18,22 +14,24 @@ import (
 // describes: both commit or neither does.
 func ExampleEnqueueTx() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-	if err != nil {
+	pool, drop := exampleDB(ctx)
+	defer drop()
+	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, status text NOT NULL);
+		INSERT INTO orders VALUES ('42', 'NEW')`); err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Close()
+
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
 	if _, err := tx.Exec(ctx, "UPDATE orders SET status = 'CONFIRMED' WHERE id = $1", "42"); err != nil {
 		log.Fatal(err)
 	}
 	ids, err := outbox.EnqueueTx(ctx, tx, outbox.Message{
 		Topic: "orders.events", AggregateType: "order", AggregateID: "42",
-		EventType: "OrderConfirmed", Payload: []byte(`{"id":"42"}`),
+		EventID: "order-42-confirmed", EventType: "OrderConfirmed", Payload: []byte(`{"id":"42"}`),
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -41,34 +39,76 @@ func ExampleEnqueueTx() {
 	if err := tx.Commit(ctx); err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("enqueued", ids[0])
-}
 
-// A relay runs until SIGTERM, then stops between batches: the batch in
-// hand is published and marked first.
-func ExampleNewRelay() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	st, err := outbox.GetStatus(ctx, pool, outbox.LeaseTTLDefault, 0)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Close()
-	var pub outbox.Publisher // e.g. kafka.NewPublisher(client, nil)
-	relay, err := outbox.NewRelay(pool, pub, &outbox.RelayConfig{
-		Mode:     outbox.TwoPhase,
-		LeaseTTL: time.Minute,
-	})
+	fmt.Println("enqueued", ids[0], "- pending:", st.Pending)
+	// Output: enqueued order-42-confirmed - pending: 1
+}
+
+// printPublisher is a Publisher for the example: it prints what it is
+// given and reports every event delivered.
+type printPublisher struct {
+	mu   sync.Mutex
+	seen int
+	all  chan struct{} // closed after want events
+	want int
+}
+
+func (p *printPublisher) Publish(ctx context.Context, events []outbox.Event) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, e := range events {
+		fmt.Printf("%s %s/%s #%d %s\n", e.Topic, e.AggregateType, e.AggregateID, e.Seq, e.EventType)
+	}
+	if p.seen += len(events); p.seen == p.want {
+		close(p.all)
+	}
+	return nil
+}
+
+// A relay publishes the committed events in batches, each aggregate's in
+// sequence order, then marks them PUBLISHED. Stop is the soft stop: the
+// batch in hand finishes first.
+func ExampleNewRelay() {
+	ctx := context.Background()
+	pool, drop := exampleDB(ctx)
+	defer drop()
+	for _, m := range []outbox.Message{
+		{Topic: "orders.events", AggregateType: "order", AggregateID: "42", EventType: "OrderConfirmed"},
+		{Topic: "orders.events", AggregateType: "order", AggregateID: "42", EventType: "OrderCharged"},
+		{Topic: "billing.commands", AggregateType: "order", AggregateID: "42", EventType: "ChargeRequested"},
+	} {
+		if _, err := outbox.Enqueue(ctx, pool, m); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	pub := &printPublisher{all: make(chan struct{}), want: 3} // e.g. kafka.NewPublisher(client, nil)
+	relay, err := outbox.NewRelay(pool, pub, &outbox.RelayConfig{Mode: outbox.TwoPhase})
 	if err != nil {
 		log.Fatal(err)
 	}
 	if err := relay.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	<-ctx.Done()
-	stopCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	<-pub.all
+	stopCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	if err := relay.Stop(stopCtx); err != nil {
-		_ = relay.StopAndCancel(context.Background()) // hard stop at the deadline
+		_ = relay.HardStop(ctx) // the soft stop overran its budget
 	}
+
+	st, err := outbox.GetStatus(ctx, pool, outbox.LeaseTTLDefault, 0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("published:", st.Published)
+	// Output:
+	// orders.events order/42 #1 OrderConfirmed
+	// orders.events order/42 #2 OrderCharged
+	// billing.commands order/42 #3 ChargeRequested
+	// published: 3
 }

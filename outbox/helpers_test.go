@@ -24,11 +24,13 @@ type recorder struct {
 	mu        sync.Mutex
 	delivered []outbox.Event // successful deliveries, in order
 	calls     int
-	// fail decides an event's fate; nil error = delivered. Like the Kafka
-	// publisher (the outbox.Publisher contract), a failure also fails the
-	// later events of its aggregate in the same call, unless
-	// ignoreOrderContract is set (a publisher that breaks the contract,
-	// against which the relay still keeps the table in order).
+	callSizes []int // events per call, in call order
+	// fail decides an event's fate; nil error = delivered. Like a broker's
+	// ordered stream per key and topic (the outbox.Publisher contract), a
+	// failure also fails the later events of its aggregate to the same
+	// topic in the same call, and nothing else; unless ignoreOrderContract
+	// is set (a publisher that breaks the contract, against which the
+	// relay still keeps the table in order).
 	fail                func(e outbox.Event) error
 	ignoreOrderContract bool
 	// entered receives one value per Publish call (if non-nil), before
@@ -61,18 +63,21 @@ func (r *recorder) Publish(ctx context.Context, events []outbox.Event) error {
 		}
 	}()
 	r.calls++
+	r.callSizes = append(r.callSizes, len(events))
 	errs := make([]error, len(events))
 	failed := false
-	blocked := map[string]bool{}
+	type stream struct{ topic, aggType, aggID string }
+	blocked := map[stream]bool{}
 	for i, e := range events {
 		if r.fail != nil {
 			errs[i] = r.fail(e)
 		}
-		if errs[i] == nil && blocked[e.AggregateID] && !r.ignoreOrderContract {
-			errs[i] = fmt.Errorf("held back behind a failed event of %s", e.AggregateID)
+		s := stream{e.Topic, e.AggregateType, e.AggregateID}
+		if errs[i] == nil && blocked[s] && !r.ignoreOrderContract {
+			errs[i] = fmt.Errorf("failed with an earlier event of %s on %s", e.AggregateID, e.Topic)
 		}
 		if errs[i] != nil {
-			blocked[e.AggregateID] = true
+			blocked[s] = true
 		}
 		if errs[i] != nil {
 			failed = true
@@ -100,6 +105,13 @@ func (r *recorder) snapshot() []outbox.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]outbox.Event(nil), r.delivered...)
+}
+
+// msgTo is msg to topic.
+func msgTo(topic, agg string, n int) outbox.Message {
+	m := msg(agg, n)
+	m.Topic = topic
+	return m
 }
 
 func msg(agg string, n int) outbox.Message {
@@ -139,7 +151,7 @@ func newRelay(t *testing.T, db *testdb.DB, pub outbox.Publisher, cfg outbox.Rela
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		if err := r.StopAndCancel(ctx); err != nil {
+		if err := r.HardStop(ctx); err != nil {
 			t.Errorf("stop: %v", err)
 		}
 	})

@@ -21,16 +21,19 @@ var (
 	// required field; the error text names the field and the message index.
 	ErrInvalidMessage = errors.New("outbox: invalid message")
 	// ErrInvalidConfig is returned by NewRelay when a RelayConfig field is
-	// out of range; the error text names the field.
+	// out of range (after defaults are filled in), or a dependency is nil;
+	// the error text names the field.
 	ErrInvalidConfig = errors.New("outbox: invalid config")
-	// ErrLeaseLost is reported (logged, and returned by RunBatch) when a
-	// two-phase batch finished after its lease had been reaped: the token
-	// guard left the rows to their new owner.
+	// ErrLeaseLost is reported (a RelayLeaseLost hook event, and the error
+	// of RunBatch) when a two-phase batch finished after its lease had been
+	// reaped: the token guard left the rows to their new owner.
 	ErrLeaseLost = errors.New("outbox: lease lost")
 )
 
-// DBTX is the narrow database interface EnqueueTx and the status helpers
-// accept. pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy it.
+// DBTX is what Enqueue, GetStatus, Requeue and the other one-statement
+// helpers need: statements, no transaction control. *pgxpool.Pool,
+// *pgx.Conn and pgx.Tx satisfy it. It is the package's only database
+// interface: the relay takes a *pgxpool.Pool (see NewRelay).
 type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -39,11 +42,13 @@ type DBTX interface {
 
 // Message is one event to publish.
 type Message struct {
-	// Topic is the destination (a Kafka topic). Required.
+	// Topic is the destination (a Kafka topic, a NATS subject). Required.
 	Topic string
 	// AggregateType and AggregateID name the entity the event is about
-	// ("order", "42"). Events of one aggregate are published in enqueue
-	// order; AggregateID is the Kafka record key. Both required.
+	// ("order", "42"). Events of one aggregate are first published in
+	// enqueue order, across topics (see the package doc); publishers use
+	// AggregateID as the message key (package kafka: the record key, so
+	// that an aggregate stays in one partition). Both required.
 	AggregateType string
 	AggregateID   string
 	// EventID identifies the event for consumers' deduplication (the
@@ -70,40 +75,6 @@ type Event struct {
 	CreatedAt time.Time
 }
 
-// Publisher delivers a batch of events: the relay makes one call per batch.
-//
-// Publish returns nil when every event was delivered, a *BatchError when
-// only some were, and any other error when none can be assumed delivered.
-// Events of one aggregate come in sequence order; if one of them fails, the
-// publisher must not deliver later events of that aggregate ahead of it
-// (the Kafka publisher keeps this through franz-go's per-partition
-// ordering: a failed record fails every later record of its partition).
-// ctx is the batch context: it carries the batch timeout and is not
-// cancelled by the relay's stop.
-type Publisher interface {
-	Publish(ctx context.Context, events []Event) error
-}
-
-// BatchError is a partial failure: Errs[i] is the error of events[i], nil
-// for a delivered event. len(Errs) must equal the batch length.
-type BatchError struct {
-	Errs []error
-}
-
-func (e *BatchError) Error() string {
-	n := 0
-	var first error
-	for _, err := range e.Errs {
-		if err != nil {
-			if first == nil {
-				first = err
-			}
-			n++
-		}
-	}
-	return fmt.Sprintf("outbox: %d of %d events failed: %v", n, len(e.Errs), first)
-}
-
 // NewEventID returns a random 128-bit event id in hex.
 func NewEventID() string {
 	var b [16]byte
@@ -124,7 +95,20 @@ func NewEventID() string {
 // order is commit order. Keep transactions that enqueue short. Under
 // REPEATABLE READ or SERIALIZABLE such a concurrent enqueue fails with a
 // serialization error and must be retried, as usual at those levels.
-func EnqueueTx(ctx context.Context, tx DBTX, msgs ...Message) ([]string, error) {
+func EnqueueTx(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]string, error) {
+	return enqueue(ctx, tx, msgs)
+}
+
+// Enqueue is EnqueueTx for events that describe no other write: it runs
+// its one statement on db (a pool or a connection) in a transaction of its
+// own, so the slice is written whole or not at all, and commits before it
+// returns. Events that must commit with a state change belong in that
+// change's transaction: use EnqueueTx.
+func Enqueue(ctx context.Context, db DBTX, msgs ...Message) ([]string, error) {
+	return enqueue(ctx, db, msgs)
+}
+
+func enqueue(ctx context.Context, db DBTX, msgs []Message) ([]string, error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}
@@ -165,7 +149,7 @@ func EnqueueTx(ctx context.Context, tx DBTX, msgs ...Message) ([]string, error) 
 		p.Topics[i], p.AggregateTypes[i], p.AggregateIds[i] = m.Topic, m.AggregateType, m.AggregateID
 		p.EventIds[i], p.EventTypes[i], p.Payloads[i], p.Headers[i] = m.EventID, m.EventType, payload, string(h)
 	}
-	if _, err := dbsqlc.New(tx).Enqueue(ctx, p); err != nil {
+	if _, err := dbsqlc.New(db).Enqueue(ctx, p); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "outbox_event_event_id_key" {
 			return nil, fmt.Errorf("%w: duplicate EventID: %v", ErrInvalidMessage, pgErr.Detail)

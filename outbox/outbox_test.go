@@ -29,12 +29,12 @@ func TestEnqueueTxValidatesAndGeneratesIDs(t *testing.T) {
 		{"no event type", outbox.Message{Topic: "t", AggregateType: "a", AggregateID: "1"}, "EventType"},
 	}
 	for _, tt := range testCases {
-		_, err := outbox.EnqueueTx(ctx, db.Pool, tt.m)
+		_, err := outbox.Enqueue(ctx, db.Pool, tt.m)
 		if !errors.Is(err, outbox.ErrInvalidMessage) || !strings.Contains(err.Error(), tt.field) {
 			t.Errorf("%s: err = %v, want ErrInvalidMessage naming %s", tt.name, err, tt.field)
 		}
 	}
-	ids, err := outbox.EnqueueTx(ctx, db.Pool,
+	ids, err := outbox.Enqueue(ctx, db.Pool,
 		outbox.Message{Topic: "t", AggregateType: "a", AggregateID: "1", EventType: "E", Headers: map[string]string{"k": "v"}},
 		outbox.Message{Topic: "t", AggregateType: "a", AggregateID: "1", EventType: "E", EventID: "given"})
 	if err != nil {
@@ -43,7 +43,7 @@ func TestEnqueueTxValidatesAndGeneratesIDs(t *testing.T) {
 	if len(ids) != 2 || len(ids[0]) != 32 || ids[1] != "given" {
 		t.Fatalf("ids = %q", ids)
 	}
-	_, err = outbox.EnqueueTx(ctx, db.Pool, outbox.Message{Topic: "t", AggregateType: "a", AggregateID: "2", EventType: "E", EventID: "given"})
+	_, err = outbox.Enqueue(ctx, db.Pool, outbox.Message{Topic: "t", AggregateType: "a", AggregateID: "2", EventType: "E", EventID: "given"})
 	if !errors.Is(err, outbox.ErrInvalidMessage) {
 		t.Fatalf("duplicate event id: err = %v, want ErrInvalidMessage", err)
 	}
@@ -512,7 +512,7 @@ func TestHardStopCancelsBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-rec.entered
-	if err := r.StopAndCancel(context.Background()); err != nil {
+	if err := r.HardStop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if st := statuses(t, db); st["a-1"] != "PENDING" {
@@ -645,5 +645,106 @@ func TestPublishTimeoutIsRecorded(t *testing.T) {
 					status, attempts, lastErr, backoff)
 			}
 		})
+	}
+}
+
+// One aggregate's events go to two topics: seq 1 to a topic whose publish
+// fails, seq 2 to a healthy one. seq 2 must not reach the broker (nor be
+// marked) before seq 1 has: a relay that hands both to one Publish call
+// gets seq 2 delivered on the healthy topic while seq 1 fails, whatever it
+// records afterwards. Other aggregates flow; once the topic heals, the
+// aggregate is delivered in order.
+func TestAggregateOrderAcrossTopics(t *testing.T) {
+	t.Parallel()
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t)
+			rec := newRecorder()
+			var mu sync.Mutex
+			down := true
+			rec.fail = func(e outbox.Event) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if e.Topic == "bad" && down {
+					return errors.New("topic bad is down")
+				}
+				return nil
+			}
+			r := newRelay(t, db, rec, outbox.RelayConfig{Mode: mode, DisableNotify: true,
+				BackoffMin: time.Hour, BackoffMax: time.Hour})
+			enqueue(t, db.Pool, msgTo("bad", "a", 1), msgTo("good", "a", 2), msgTo("good", "b", 1), msgTo("good", "a", 3))
+			if _, err := r.RunBatch(context.Background()); err == nil {
+				t.Fatal("want the failure of a-1")
+			}
+			if got := rec.deliveredIDs(); !slices.Equal(got, []string{"b-1"}) {
+				t.Fatalf("delivered %v, want only b-1: a-2 and a-3 must wait for a-1", got)
+			}
+			st := statuses(t, db)
+			if st["a-1"] != "PENDING" || st["a-2"] != "PENDING" || st["a-3"] != "PENDING" || st["b-1"] != "PUBLISHED" {
+				t.Fatalf("statuses %v", st)
+			}
+			var attempts []int
+			rows, err := db.Pool.Query(context.Background(), "SELECT attempts FROM outbox_event WHERE aggregate_id = 'a' ORDER BY aggregate_seq")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var n int
+				_ = rows.Scan(&n)
+				attempts = append(attempts, n)
+			}
+			rows.Close()
+			if !slices.Equal(attempts, []int{1, 0, 0}) {
+				t.Fatalf("attempts of a: %v, want [1 0 0] (only a-1 was tried)", attempts)
+			}
+			mu.Lock()
+			down = false
+			mu.Unlock()
+			if _, err := db.Pool.Exec(context.Background(), "UPDATE outbox_event SET available_at = now()"); err != nil {
+				t.Fatal(err)
+			}
+			drain(t, r)
+			if got := rec.deliveredIDs(); !slices.Equal(got, []string{"b-1", "a-1", "a-2", "a-3"}) {
+				t.Fatalf("delivered %v, want b-1 a-1 a-2 a-3", got)
+			}
+		})
+	}
+}
+
+// The common case stays one Publish call per batch: several aggregates,
+// each with several events to one topic. An aggregate that changes topic
+// splits the batch into ordered waves, one per change, and only its later
+// events wait for the next wave.
+func TestPublishCallsPerBatch(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	rec := newRecorder()
+	r := newRelay(t, db, rec, outbox.RelayConfig{DisableNotify: true})
+	var msgs []outbox.Message
+	for _, agg := range []string{"a", "b", "c"} {
+		for n := 1; n <= 3; n++ {
+			msgs = append(msgs, msg(agg, n))
+		}
+	}
+	enqueue(t, db.Pool, msgs...)
+	if n, err := r.RunBatch(context.Background()); n != 9 || err != nil {
+		t.Fatalf("RunBatch = %d, %v", n, err)
+	}
+	if rec.callSizes[0] != 9 || len(rec.callSizes) != 1 {
+		t.Fatalf("calls %v, want one call of 9", rec.callSizes)
+	}
+	// d: t, t, u, t → three waves for d (t t | u | t); e: all t, in the first.
+	enqueue(t, db.Pool, msgTo("t", "d", 1), msgTo("t", "d", 2), msgTo("u", "d", 3), msgTo("t", "d", 4),
+		msgTo("t", "e", 1), msgTo("t", "e", 2))
+	if n, err := r.RunBatch(context.Background()); n != 6 || err != nil {
+		t.Fatalf("RunBatch = %d, %v", n, err)
+	}
+	if got := rec.callSizes[1:]; !slices.Equal(got, []int{4, 1, 1}) {
+		t.Fatalf("calls %v, want waves of 4 (d-1 d-2 e-1 e-2), 1 (d-3), 1 (d-4)", got)
+	}
+	want := []string{"d-1", "d-2", "e-1", "e-2", "d-3", "d-4"}
+	if got := rec.deliveredIDs()[9:]; !slices.Equal(got, want) {
+		t.Fatalf("delivered %v, want %v", got, want)
 	}
 }

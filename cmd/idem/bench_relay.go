@@ -345,10 +345,10 @@ func benchRelayLatency(ctx context.Context, pool, writers *pgxpool.Pool, addrs [
 			})
 		}
 	}()
-	// Each event is its own transaction: EnqueueTx on the pool runs one
+	// Each event is its own transaction: Enqueue on the pool runs one
 	// autocommitted statement, so "commit" is when it returns.
 	enq := func(id string) (time.Time, error) {
-		_, err := outbox.EnqueueTx(ctx, writers, outbox.Message{Topic: "bench.latency", AggregateType: "order",
+		_, err := outbox.Enqueue(ctx, writers, outbox.Message{Topic: "bench.latency", AggregateType: "order",
 			AggregateID: id, EventID: id, EventType: "BenchEvent", Payload: []byte("x")})
 		return time.Now(), err
 	}

@@ -20,7 +20,7 @@ func TestOutboxStatus(t *testing.T) {
 	for _, id := range []string{"p1", "p2", "l1", "l2", "d1", "x1"} {
 		msgs = append(msgs, outbox.Message{Topic: "t", AggregateType: "order", AggregateID: id, EventID: id, EventType: "E"})
 	}
-	if _, err := outbox.EnqueueTx(ctx, db.Pool, msgs...); err != nil {
+	if _, err := outbox.Enqueue(ctx, db.Pool, msgs...); err != nil {
 		t.Fatal(err)
 	}
 	for _, q := range []string{

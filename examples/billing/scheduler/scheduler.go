@@ -5,37 +5,26 @@
 package scheduler
 
 import (
-	"context"
 	"log/slog"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/lifecycle"
 	"github.com/idemkit/idem/outbox"
 )
 
-// DB is what the loops need: a pool.
-type DB interface {
-	outbox.DB
-}
-
-// Relay is the outbox relay in two-phase mode (PENDING → PUBLISHING →
-// PUBLISHED under a lease, publish outside any transaction) with the
-// lifecycle hard stop.
-type Relay struct{ *outbox.Relay }
-
-// HardStop cancels the batch in hand: its rows stay PUBLISHING until the
-// reaper returns them after the lease TTL, and are published again (the
-// consumers deduplicate by event id).
-func (r *Relay) HardStop(ctx context.Context) error { return r.StopAndCancel(ctx) }
-
-// New returns the relay publishing through pub, each batch bounded by
-// batchTimeout (keep it below the relay's shutdown budget, so that the
-// batch in hand finishes inside it), and the inbox purger. leaseTTL is how
+// New returns the outbox relay in two-phase mode (PENDING → PUBLISHING →
+// PUBLISHED under a lease, publish outside any transaction; its HardStop
+// abandons the batch in hand, whose rows the reaper returns after the
+// lease TTL) publishing through pub, each batch bounded by batchTimeout
+// (keep it below the relay's shutdown budget, so that the batch in hand
+// finishes inside it), and the inbox purger. leaseTTL is how
 // long the rows of a relay that died mid-batch stay PUBLISHING before the
 // reaper returns them (0: outbox.LeaseTTLDefault); it must exceed twice
 // batchTimeout.
-func New(db DB, pub outbox.Publisher, batchTimeout, leaseTTL time.Duration, log *slog.Logger) ([]lifecycle.Component, error) {
+func New(db *pgxpool.Pool, pub outbox.Publisher, batchTimeout, leaseTTL time.Duration, log *slog.Logger) ([]lifecycle.Component, error) {
 	relay, err := outbox.NewRelay(db, pub, &outbox.RelayConfig{Mode: outbox.TwoPhase, BatchTimeout: batchTimeout, LeaseTTL: leaseTTL, Logger: log})
 	if err != nil {
 		return nil, err
@@ -44,5 +33,5 @@ func New(db DB, pub outbox.Publisher, batchTimeout, leaseTTL time.Duration, log 
 	if err != nil {
 		return nil, err
 	}
-	return []lifecycle.Component{&Relay{relay}, purger}, nil
+	return []lifecycle.Component{relay, purger}, nil
 }

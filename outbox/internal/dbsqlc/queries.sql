@@ -162,8 +162,9 @@ UPDATE outbox_event
 SET status = 'PUBLISHED', published_at = now(), attempts = attempts + 1
 WHERE id = ANY(sqlc.arg(ids)::bigint[]) AND status = 'PENDING';
 
--- MarkFailedLocked records publish failures in at-least-once mode.
--- name: MarkFailedLocked :execrows
+-- MarkFailedLocked records publish failures in at-least-once mode and
+-- returns the rows it changed, saying which became DEAD.
+-- name: MarkFailedLocked :many
 UPDATE outbox_event e
 SET attempts = e.attempts + 1,
     last_error = u.err,
@@ -171,7 +172,8 @@ SET attempts = e.attempts + 1,
     status = CASE WHEN e.attempts + 1 >= sqlc.arg(max_attempts)::int THEN 'DEAD' ELSE 'PENDING' END
 FROM (SELECT unnest(sqlc.arg(ids)::bigint[]) AS id, unnest(sqlc.arg(errs)::text[]) AS err,
              unnest(sqlc.arg(delays_ms)::bigint[]) AS delay_ms) u
-WHERE e.id = u.id AND e.status = 'PENDING';
+WHERE e.id = u.id AND e.status = 'PENDING'
+RETURNING e.id, (e.status = 'DEAD')::bool AS dead;
 
 -- MarkPublishedLease completes a two-phase batch. The token guard makes a
 -- relay whose lease was reaped (and perhaps re-claimed by another relay)
@@ -182,8 +184,9 @@ SET status = 'PUBLISHED', published_at = now(), lease_owner = NULL, lease_token 
 WHERE id = ANY(sqlc.arg(ids)::bigint[]) AND status = 'PUBLISHING' AND lease_token = sqlc.arg(token)::bigint;
 
 -- MarkFailedLease returns failed (counted) and held-back (not counted)
--- events of a two-phase batch to PENDING, or DEAD at the attempt limit.
--- name: MarkFailedLease :execrows
+-- events of a two-phase batch to PENDING, or DEAD at the attempt limit,
+-- and returns the rows it changed (fewer than given: the lease was lost).
+-- name: MarkFailedLease :many
 UPDATE outbox_event e
 SET attempts = CASE WHEN u.counted THEN e.attempts ELSE e.attempts - 1 END,
     last_error = CASE WHEN u.counted THEN u.err ELSE e.last_error END,
@@ -192,17 +195,20 @@ SET attempts = CASE WHEN u.counted THEN e.attempts ELSE e.attempts - 1 END,
     lease_owner = NULL, lease_token = NULL, locked_at = NULL
 FROM (SELECT unnest(sqlc.arg(ids)::bigint[]) AS id, unnest(sqlc.arg(errs)::text[]) AS err,
              unnest(sqlc.arg(delays_ms)::bigint[]) AS delay_ms, unnest(sqlc.arg(counted)::bool[]) AS counted) u
-WHERE e.id = u.id AND e.status = 'PUBLISHING' AND e.lease_token = sqlc.arg(token)::bigint;
+WHERE e.id = u.id AND e.status = 'PUBLISHING' AND e.lease_token = sqlc.arg(token)::bigint
+RETURNING e.id, (e.status = 'DEAD')::bool AS dead;
 
 -- ReapLeases returns expired leases to PENDING with attempts preserved, or
--- to DEAD when the attempts are used up.
--- name: ReapLeases :execrows
+-- to DEAD when the attempts are used up, and returns the rows it changed.
+-- name: ReapLeases :many
 UPDATE outbox_event
 SET status = CASE WHEN attempts >= sqlc.arg(max_attempts)::int THEN 'DEAD' ELSE 'PENDING' END,
     last_error = 'outbox: lease of ' || coalesce(lease_owner, '?') || ' expired',
     lease_owner = NULL, lease_token = NULL, locked_at = NULL
 WHERE published_at IS NULL AND status = 'PUBLISHING'
-  AND locked_at < now() - sqlc.arg(ttl_ms)::bigint * interval '1 millisecond';
+  AND locked_at < now() - sqlc.arg(ttl_ms)::bigint * interval '1 millisecond'
+RETURNING id, event_id, event_type, topic, aggregate_type, aggregate_id, aggregate_seq, attempts,
+          (status = 'DEAD')::bool AS dead;
 
 -- name: PurgePublished :execrows
 DELETE FROM outbox_event

@@ -365,7 +365,7 @@ func (q *Queries) Enqueue(ctx context.Context, arg EnqueueParams) ([]EnqueueRow,
 	return items, nil
 }
 
-const markFailedLease = `-- name: MarkFailedLease :execrows
+const markFailedLease = `-- name: MarkFailedLease :many
 UPDATE outbox_event e
 SET attempts = CASE WHEN u.counted THEN e.attempts ELSE e.attempts - 1 END,
     last_error = CASE WHEN u.counted THEN u.err ELSE e.last_error END,
@@ -375,6 +375,7 @@ SET attempts = CASE WHEN u.counted THEN e.attempts ELSE e.attempts - 1 END,
 FROM (SELECT unnest($3::bigint[]) AS id, unnest($4::text[]) AS err,
              unnest($5::bigint[]) AS delay_ms, unnest($6::bool[]) AS counted) u
 WHERE e.id = u.id AND e.status = 'PUBLISHING' AND e.lease_token = $2::bigint
+RETURNING e.id, (e.status = 'DEAD')::bool AS dead
 `
 
 type MarkFailedLeaseParams struct {
@@ -386,10 +387,16 @@ type MarkFailedLeaseParams struct {
 	Counted     []bool
 }
 
+type MarkFailedLeaseRow struct {
+	ID   int64
+	Dead bool
+}
+
 // MarkFailedLease returns failed (counted) and held-back (not counted)
-// events of a two-phase batch to PENDING, or DEAD at the attempt limit.
-func (q *Queries) MarkFailedLease(ctx context.Context, arg MarkFailedLeaseParams) (int64, error) {
-	result, err := q.db.Exec(ctx, markFailedLease,
+// events of a two-phase batch to PENDING, or DEAD at the attempt limit,
+// and returns the rows it changed (fewer than given: the lease was lost).
+func (q *Queries) MarkFailedLease(ctx context.Context, arg MarkFailedLeaseParams) ([]MarkFailedLeaseRow, error) {
+	rows, err := q.db.Query(ctx, markFailedLease,
 		arg.MaxAttempts,
 		arg.Token,
 		arg.Ids,
@@ -398,12 +405,24 @@ func (q *Queries) MarkFailedLease(ctx context.Context, arg MarkFailedLeaseParams
 		arg.Counted,
 	)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
+	defer rows.Close()
+	var items []MarkFailedLeaseRow
+	for rows.Next() {
+		var i MarkFailedLeaseRow
+		if err := rows.Scan(&i.ID, &i.Dead); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
-const markFailedLocked = `-- name: MarkFailedLocked :execrows
+const markFailedLocked = `-- name: MarkFailedLocked :many
 UPDATE outbox_event e
 SET attempts = e.attempts + 1,
     last_error = u.err,
@@ -412,6 +431,7 @@ SET attempts = e.attempts + 1,
 FROM (SELECT unnest($2::bigint[]) AS id, unnest($3::text[]) AS err,
              unnest($4::bigint[]) AS delay_ms) u
 WHERE e.id = u.id AND e.status = 'PENDING'
+RETURNING e.id, (e.status = 'DEAD')::bool AS dead
 `
 
 type MarkFailedLockedParams struct {
@@ -421,18 +441,36 @@ type MarkFailedLockedParams struct {
 	DelaysMs    []int64
 }
 
-// MarkFailedLocked records publish failures in at-least-once mode.
-func (q *Queries) MarkFailedLocked(ctx context.Context, arg MarkFailedLockedParams) (int64, error) {
-	result, err := q.db.Exec(ctx, markFailedLocked,
+type MarkFailedLockedRow struct {
+	ID   int64
+	Dead bool
+}
+
+// MarkFailedLocked records publish failures in at-least-once mode and
+// returns the rows it changed, saying which became DEAD.
+func (q *Queries) MarkFailedLocked(ctx context.Context, arg MarkFailedLockedParams) ([]MarkFailedLockedRow, error) {
+	rows, err := q.db.Query(ctx, markFailedLocked,
 		arg.MaxAttempts,
 		arg.Ids,
 		arg.Errs,
 		arg.DelaysMs,
 	)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
+	defer rows.Close()
+	var items []MarkFailedLockedRow
+	for rows.Next() {
+		var i MarkFailedLockedRow
+		if err := rows.Scan(&i.ID, &i.Dead); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const markPublishedLease = `-- name: MarkPublishedLease :execrows
@@ -494,13 +532,15 @@ func (q *Queries) PurgePublished(ctx context.Context, arg PurgePublishedParams) 
 	return result.RowsAffected(), nil
 }
 
-const reapLeases = `-- name: ReapLeases :execrows
+const reapLeases = `-- name: ReapLeases :many
 UPDATE outbox_event
 SET status = CASE WHEN attempts >= $1::int THEN 'DEAD' ELSE 'PENDING' END,
     last_error = 'outbox: lease of ' || coalesce(lease_owner, '?') || ' expired',
     lease_owner = NULL, lease_token = NULL, locked_at = NULL
 WHERE published_at IS NULL AND status = 'PUBLISHING'
   AND locked_at < now() - $2::bigint * interval '1 millisecond'
+RETURNING id, event_id, event_type, topic, aggregate_type, aggregate_id, aggregate_seq, attempts,
+          (status = 'DEAD')::bool AS dead
 `
 
 type ReapLeasesParams struct {
@@ -508,14 +548,48 @@ type ReapLeasesParams struct {
 	TtlMs       int64
 }
 
+type ReapLeasesRow struct {
+	ID            int64
+	EventID       string
+	EventType     string
+	Topic         string
+	AggregateType string
+	AggregateID   string
+	AggregateSeq  int64
+	Attempts      int32
+	Dead          bool
+}
+
 // ReapLeases returns expired leases to PENDING with attempts preserved, or
-// to DEAD when the attempts are used up.
-func (q *Queries) ReapLeases(ctx context.Context, arg ReapLeasesParams) (int64, error) {
-	result, err := q.db.Exec(ctx, reapLeases, arg.MaxAttempts, arg.TtlMs)
+// to DEAD when the attempts are used up, and returns the rows it changed.
+func (q *Queries) ReapLeases(ctx context.Context, arg ReapLeasesParams) ([]ReapLeasesRow, error) {
+	rows, err := q.db.Query(ctx, reapLeases, arg.MaxAttempts, arg.TtlMs)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
+	defer rows.Close()
+	var items []ReapLeasesRow
+	for rows.Next() {
+		var i ReapLeasesRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.EventID,
+			&i.EventType,
+			&i.Topic,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateSeq,
+			&i.Attempts,
+			&i.Dead,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const requeue = `-- name: Requeue :execrows

@@ -147,10 +147,16 @@ func (r *Repo) Emit(ctx context.Context, e usecase.Event) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("billing: encode %s: %w", e.Type, err)
 	}
-	ids, err := outbox.EnqueueTx(ctx, r.db, outbox.Message{
+	m := outbox.Message{
 		Topic: e.Topic, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
 		EventID: e.EventID, EventType: e.Type, Payload: payload,
-	})
+	}
+	var ids []string
+	if tx, ok := r.db.(pgx.Tx); ok {
+		ids, err = outbox.EnqueueTx(ctx, tx, m) // commits with the use case's writes
+	} else {
+		ids, err = outbox.Enqueue(ctx, r.db, m)
+	}
 	if err != nil {
 		return "", fmt.Errorf("billing: emit %s: %w", e.Type, err)
 	}
