@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -178,7 +179,8 @@ func TestRelayPartialProduceFailureLosesNothing(t *testing.T) {
 // transaction rolls back) or the lease stays until the reaper takes it
 // (two-phase). Here a second relay reaps every 20ms with LeaseTTL just over
 // 2 × BatchTimeout: the batch must end by its deadline, record its own
-// failed attempt, and never lose its lease.
+// failed attempt, and never lose its lease. (On the old code a 2s batch
+// took about 5s.)
 func TestRelayBatchEndsByDeadlineAgainstStuckBroker(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []outbox.Mode{outbox.AtLeastOnce, outbox.TwoPhase} {
@@ -193,7 +195,7 @@ func TestRelayBatchEndsByDeadlineAgainstStuckBroker(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			const batchTimeout = time.Second
+			const batchTimeout = 2 * time.Second
 			cfg := outbox.RelayConfig{Mode: mode, DisableNotify: true, BatchTimeout: batchTimeout,
 				LeaseTTL: 2*batchTimeout + 100*time.Millisecond, BackoffMin: time.Hour, BackoffMax: time.Hour, Logger: pubQuiet}
 			r, err := outbox.NewRelay(db.Pool, pub, &cfg)
@@ -239,5 +241,97 @@ func TestRelayBatchEndsByDeadlineAgainstStuckBroker(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Faults the broker answers for some records of a batch and not others:
+// a record over the topic's max.message.bytes (the broker's
+// MESSAGE_TOO_LARGE fails the whole produce batch of its partition), and a
+// topic that does not exist. In each, the failed events stay unpublished
+// with their attempt counted, the later events of their aggregate wait
+// (a-2, even on a healthy topic), and everything else is delivered and
+// marked — in the first batch, or for a partition-mate of the oversize
+// record (failed with it, counted) in the first batch after its backoff.
+func TestRelayProduceFaults(t *testing.T) {
+	t.Parallel()
+	testCases := []struct {
+		name  string
+		topic string // a-1's topic
+		setup func(t *testing.T, c *testkafka.Cluster)
+		want  string // in a-1's last_error
+	}{
+		{"broker MESSAGE_TOO_LARGE", "small", func(t *testing.T, c *testkafka.Cluster) {
+			if err := c.Cluster.CreateTopic("small", 1, map[string]string{"max.message.bytes": "2048"}); err != nil {
+				t.Fatal(err)
+			}
+		}, "MESSAGE_TOO_LARGE"},
+		{"missing topic", "nope", func(*testing.T, *testkafka.Cluster) {}, "nope"},
+	}
+	for _, tt := range testCases {
+		for _, mode := range []outbox.Mode{outbox.AtLeastOnce, outbox.TwoPhase} {
+			t.Run(tt.name+"/"+mode.String(), func(t *testing.T) {
+				t.Parallel()
+				c := testkafka.New(t)
+				c.CreateTopic(t, "orders", 2)
+				tt.setup(t, c)
+				db := testdb.New(t)
+				a1 := pubMsg(tt.topic, "a", 1)
+				a1.Payload = make([]byte, 10_000) // incompressible: the broker sees it whole
+				for i := range a1.Payload {
+					a1.Payload[i] = byte(rand.Uint32())
+				}
+				b1 := pubMsg("small", "b", 1) // a partition-mate of a-1 when the topic exists
+				if tt.topic != "small" {
+					b1.Topic = "orders"
+				}
+				pubEnqueue(t, db, a1, pubMsg("orders", "a", 2), b1, pubMsg("orders", "c", 1))
+				pub, err := kafka.NewPublisher(c.Client(t, kafka.ProducerOpts()...), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r, err := outbox.NewRelay(db.Pool, pub, &outbox.RelayConfig{Mode: mode, DisableNotify: true,
+					BatchTimeout: 4 * time.Second, BackoffMin: time.Hour, BackoffMax: time.Hour, Logger: pubQuiet})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n, err := r.RunBatch(context.Background()); n != 4 || err == nil {
+					t.Fatalf("RunBatch = %d, %v; want 4 and a failure", n, err)
+				}
+				rows := pubRows(t, db)
+				if s := rows["a-1"]; s.status != "PENDING" || s.attempts != 1 || !strings.Contains(s.lastErr, tt.want) {
+					t.Fatalf("a-1: %+v, want PENDING, 1 attempt, an error naming %q", s, tt.want)
+				}
+				if s := rows["a-2"]; s.status != "PENDING" || s.attempts != 0 {
+					t.Fatalf("a-2: %+v, want PENDING and untried behind a-1", s)
+				}
+				if rows["c-1"].status != "PUBLISHED" {
+					t.Fatalf("c-1: %+v", rows["c-1"])
+				}
+				// b-1 may have failed with its partition-mate: end its backoff.
+				if _, err := db.Pool.Exec(context.Background(), "UPDATE outbox_event SET available_at = now() WHERE event_id = 'b-1'"); err != nil {
+					t.Fatal(err)
+				}
+				pubEventually(t, "b-1 published", 30*time.Second, func() bool {
+					_, _ = r.RunBatch(context.Background())
+					return pubRows(t, db)["b-1"].status == "PUBLISHED"
+				})
+				got := map[string]bool{}
+				for _, topic := range []string{"orders", b1.Topic} {
+					n := 1
+					if topic == "orders" && b1.Topic == "orders" {
+						n = 2
+					}
+					for _, rec := range c.ReadAll(t, topic, n, 10*time.Second) {
+						got[pubHeader(rec, kafka.HeaderEventID)] = true
+					}
+				}
+				if got["a-1"] || got["a-2"] || !got["b-1"] || !got["c-1"] {
+					t.Fatalf("in Kafka: %v, want b-1 and c-1 only", got)
+				}
+				if s := pubRows(t, db)["a-2"]; s.status != "PENDING" {
+					t.Fatalf("a-2 after the drain: %+v", s)
+				}
+			})
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemkit/idem/internal/failpoint"
 	"github.com/idemkit/idem/internal/testbin"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testkafka"
@@ -275,28 +277,36 @@ func TestReapedLeaseDuringSlowPublish(t *testing.T) {
 
 // pubRelayProc is a relaytest process.
 type pubRelayProc struct {
-	cmd   *exec.Cmd
-	lines chan string
+	cmd    *exec.Cmd
+	lines  chan string
+	stderr *testbin.Buffer
 }
 
 func pubBuildRelay(t *testing.T) string {
 	t.Helper()
-	return testbin.BuildT(t, "github.com/idemkit/idem/outbox/internal/relaytest")
+	return testbin.BuildT(t, "github.com/idemkit/idem/kafka/internal/relaytest")
 }
 
 func pubStartRelay(t *testing.T, bin string, args ...string) *pubRelayProc {
 	t.Helper()
+	return pubStartRelayEnv(t, bin, nil, args...)
+}
+
+// pubStartRelayEnv starts relaytest with env added to the test's own.
+func pubStartRelayEnv(t *testing.T, bin string, env []string, args ...string) *pubRelayProc {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
+	stderr := &testbin.Buffer{}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &pubRelayProc{cmd: cmd, lines: make(chan string, 16)}
+	p := &pubRelayProc{cmd: cmd, lines: make(chan string, 16), stderr: stderr}
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
@@ -441,5 +451,76 @@ func TestSIGKILLTwoPhaseReapedAfterRestart(t *testing.T) {
 	}
 	if code := p2.wait(t); code != 0 {
 		t.Fatalf("restarted relay exit status %d", code)
+	}
+}
+
+// A failpoint SIGKILLs the relay process in one of its crash windows, on
+// its first batch; a restarted relay (failpoints off) finishes the job.
+// Killed at RelayPublished (the broker has the batch, the table does not
+// know), the batch is published again: every event twice in Kafka, first
+// deliveries still in order, nothing lost. Killed at RelayMidClaim
+// (claimed, nothing sent), each event reaches Kafka once. Two-phase rows
+// come back through the reaper after the lease TTL; at-least-once rows
+// through the rolled-back claim.
+func TestFailpointKillThenRestart(t *testing.T) {
+	t.Parallel()
+	bin := pubBuildRelay(t)
+	testCases := []struct {
+		point string
+		mode  string
+		dups  int
+	}{
+		{failpoint.RelayPublished, "at-least-once", 20},
+		{failpoint.RelayPublished, "two-phase", 20},
+		{failpoint.RelayMidClaim, "at-least-once", 0},
+		{failpoint.RelayMidClaim, "two-phase", 0},
+	}
+	for _, tt := range testCases {
+		t.Run(tt.point+"/"+tt.mode, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t)
+			c := testkafka.New(t)
+			c.CreateTopic(t, "orders", 2)
+			var msgs []outbox.Message
+			for i := range 20 {
+				msgs = append(msgs, pubMsg("orders", fmt.Sprintf("agg-%d", i%4), i/4+1))
+			}
+			pubEnqueue(t, db, msgs...)
+			args := []string{"-db", db.URL, "-brokers", strings.Join(c.Addrs, ","), "-mode", tt.mode,
+				"-batch-timeout", "500ms", "-lease-ttl", "2s"}
+			p := pubStartRelayEnv(t, bin, []string{failpoint.EnvVar + "=" + tt.point + "=kill"}, args...)
+			p.wait(t)
+			if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+				t.Fatalf("relay did not die by SIGKILL: %v\n%s", p.cmd.ProcessState, p.stderr.String())
+			}
+			if want := "idem-failpoint: hit " + tt.point + " kill"; !strings.Contains(p.stderr.String(), want) {
+				t.Fatalf("stderr lacks %q:\n%s", want, p.stderr.String())
+			}
+			if n := pubCount(t, db, "status = 'PUBLISHED'"); n != 0 {
+				t.Fatalf("%d rows PUBLISHED after a kill before the mark", n)
+			}
+			p2 := pubStartRelay(t, bin, args...)
+			p2.waitLine(t, "STARTED")
+			pubEventually(t, "all published after the restart", 60*time.Second, func() bool {
+				return pubCount(t, db, "status = 'PUBLISHED'") == 20
+			})
+			if err := p2.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			if code := p2.wait(t); code != 0 {
+				t.Fatalf("restarted relay exit status %d", code)
+			}
+			recs := c.ReadAll(t, "orders", 20+tt.dups, 10*time.Second)
+			want := map[string]int{}
+			for i := range 4 {
+				want[fmt.Sprintf("agg-%d", i)] = 5
+			}
+			if dups := pubCheckOrder(t, recs, want); dups != tt.dups {
+				t.Fatalf("%d duplicates in Kafka, want %d", dups, tt.dups)
+			}
+			if more, _ := c.Read("orders", 20+tt.dups+1, time.Second); len(more) != 20+tt.dups {
+				t.Fatalf("%d records in Kafka, want %d", len(more), 20+tt.dups)
+			}
+		})
 	}
 }

@@ -39,6 +39,8 @@ type recorder struct {
 	release chan struct{}
 	// notify gets a value after each call.
 	notify chan struct{}
+	// ctxs are the calls' contexts, in call order.
+	ctxs []context.Context
 }
 
 func newRecorder() *recorder { return &recorder{notify: make(chan struct{}, 1)} }
@@ -63,6 +65,7 @@ func (r *recorder) Publish(ctx context.Context, events []outbox.Event) error {
 		}
 	}()
 	r.calls++
+	r.ctxs = append(r.ctxs, ctx)
 	r.callSizes = append(r.callSizes, len(events))
 	errs := make([]error, len(events))
 	failed := false

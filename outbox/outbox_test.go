@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/lifecycle"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -529,7 +530,8 @@ func TestNotifyWakesRelayAndListenerReconnects(t *testing.T) {
 	ctx := context.Background()
 	rec := newRecorder()
 	owner := fmt.Sprintf("notify-%d", time.Now().UnixNano()%1e9)
-	r := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: owner})
+	h := &hookLog{}
+	r := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: owner, Hook: h.hook})
 	if err := r.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -553,6 +555,58 @@ func TestNotifyWakesRelayAndListenerReconnects(t *testing.T) {
 	eventually(t, "listener back", func() bool { p := listenerPID(); return p != 0 && p != pid })
 	enqueue(t, db.Pool, msg("a", 2))
 	waitDelivered("a-2")
+	if lf := h.of(outbox.RelayListenFailed); len(lf) == 0 || lf[0].Err == nil {
+		t.Fatalf("no listen_failed hook event with its error after the listener's backend died: %+v", lf)
+	}
+}
+
+// The relay is a lifecycle component with the one start/stop behaviour:
+// stops before Start and twice are no-ops, Start's ctx lends values and
+// nothing else (cancelling it stops nothing), and Start after a stop is a
+// fresh run.
+func TestRelayLifecycle(t *testing.T) {
+	t.Parallel()
+	var _ lifecycle.Component = (*outbox.Relay)(nil)
+	var _ lifecycle.HardStopper = (*outbox.Relay)(nil)
+	db := testdb.New(t)
+	rec := newRecorder()
+	r := newRelay(t, db, rec, outbox.RelayConfig{DisableNotify: true, PollInterval: 10 * time.Millisecond})
+	ctx := context.Background()
+	if err := r.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.HardStop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	startCtx, cancel := context.WithCancel(ctx)
+	if err := r.Start(startCtx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(startCtx); err != nil {
+		t.Fatal(err)
+	}
+	cancel() // changes nothing: the run goes on
+	enqueue(t, db.Pool, msg("a", 1))
+	eventually(t, "a-1 delivered by a run whose Start ctx was cancelled", func() bool {
+		return slices.Contains(rec.deliveredIDs(), "a-1")
+	})
+	for range 2 {
+		if err := r.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Start(ctx); err != nil { // a fresh run
+		t.Fatal(err)
+	}
+	enqueue(t, db.Pool, msg("a", 2))
+	eventually(t, "a-2 delivered by the second run", func() bool {
+		return slices.Contains(rec.deliveredIDs(), "a-2")
+	})
+	for range 2 {
+		if err := r.HardStop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // Published rows older than Retention are purged in batches by the
