@@ -5,11 +5,20 @@
 // # Guarantee
 //
 // An event is published if and only if the transaction that enqueued it
-// commits; it is published at least once, and the events of one aggregate
-// (AggregateType, AggregateID) are first published in enqueue order — with
-// several relays, after failed publishes, after crashes and lease expiry.
-// Consumers deduplicate by event id (package inbox) to get effectively
-// once.
+// commits, and it is published at least once — with several relays, after
+// failed publishes, after crashes and lease expiry. Consumers deduplicate
+// by event id (package inbox) to get effectively once.
+//
+// Order, exactly: the events of one aggregate (AggregateType, AggregateID)
+// are numbered 1, 2, 3… in commit order (Event.Seq), and no event of an
+// aggregate is handed to a Publisher before every earlier event of that
+// aggregate has been delivered — acknowledged by the broker — whatever
+// their topics. So on the wire, an aggregate's first deliveries (the first
+// copy of each event id) come in sequence order, across all its topics;
+// later copies are at-least-once duplicates and may come after later
+// events (see Not guaranteed). "Before" across topics means the broker had
+// acknowledged seq n before seq n+1 was sent; a consumer reading two topics
+// sees that order only as far as its own reading preserves it.
 //
 // # How
 //
@@ -22,8 +31,19 @@
 // aggregate: other relays skip it and take other aggregates. The claim is
 // status-based, not a high-water mark, so a transaction that commits a
 // lower id after a higher one is never skipped: its row simply becomes
-// PENDING-and-visible later and is claimed then. The whole batch goes out
-// in one Publisher call and is marked in one statement.
+// PENDING-and-visible later and is claimed then.
+//
+// Within a batch the relay hands events to the Publisher in waves: each
+// wave is one Publish call holding, of every aggregate, the run of its next
+// events that go to one topic; the next wave waits for the outcome of the
+// one before. A failed event ends its aggregate for the batch: its later
+// events are held (not attempted, not counted) until the failed one is
+// delivered. Inside one call, one aggregate's events share a topic, and the
+// Publisher keeps them in order the way a broker's ordered stream does (see
+// Publisher for the exact contract). An aggregate whose events in a batch
+// all go to one topic — the common case — is in the first wave whole, so
+// such a batch is one call. A Publisher that is also a Checker is asked
+// first about every event; a refused event fails without being sent.
 //
 // Modes: AtLeastOnce claims, publishes and marks inside one transaction;
 // TwoPhase moves the batch PENDING → PUBLISHING under a lease (owner,
@@ -35,33 +55,56 @@
 // lease columns, so the claim is a HOT update where the page has room
 // (the table's fillfactor is 50).
 //
-// Failures: a failed event is retried after an exponential backoff
+// Failures: each event's result is the Publisher's for that event (by
+// input index), so a partial failure marks exactly the delivered events.
+// A failed event is retried after an exponential backoff with full jitter
 // (available_at), attempts counted, and becomes DEAD with its last error
 // after MaxAttempts. Until then — and while DEAD, until Requeue — it holds
 // back the later events of its own aggregate only; other aggregates flow.
 //
-// Shutdown: cancellation is checked between batches only; each batch runs
-// on context.WithTimeout(context.WithoutCancel(ctx), BatchTimeout), the
-// same context for the database and the publisher, so a SIGTERM never
-// interrupts a batch between its publish and its mark.
+// Deadlines: each batch runs on
+// context.WithTimeout(context.WithoutCancel(ctx), BatchTimeout), the same
+// context for the database and the publisher. The publish gets three
+// quarters of it; a call that has not returned by then (plus a short
+// grace) is given up, its events count a failed attempt, and the last
+// quarter records the outcome. A batch therefore ends by its BatchTimeout
+// even against a broker that never answers, which is what makes
+// LeaseTTL > 2 × BatchTimeout a guarantee rather than a hope.
+//
+// Shutdown: Stop is checked between batches only, so a SIGTERM never
+// interrupts a batch between its publish and its mark; HardStop cancels the
+// batch in hand. Relay satisfies lifecycle.Component and
+// lifecycle.HardStopper.
 //
 // Wake-up: a trigger NOTIFYs at commit; the relay LISTENs on a dedicated
-// connection (reconnecting on failure) and polls as a fallback.
+// connection (reconnecting with backoff on failure) and polls as a
+// fallback.
+//
+// Observation: RelayConfig.Hook receives a RelayEvent for each batch
+// (begin, claimed, published, failed, dead, lease lost, done), for the
+// reaper, the purge and the listener: every count an operator needs; the
+// Logger only repeats the warnings.
+//
+// Crash windows are marked for fault injection (internal/failpoint):
+// relay-mid-claim (claimed, nothing sent), relay-published (sent, not
+// marked) in both modes, and purge-mid-batch in the retention purge.
 //
 // # Not guaranteed
 //
 //   - No exactly-once delivery: a crash (or a commit failure) between the
-//     publish and the mark republishes the batch.
+//     publish and the mark republishes the batch; so does a publish that
+//     reached the broker but whose answer came after the deadline.
 //   - After a lease is reaped during a slow publish (TwoPhase), the slow
 //     relay's produce may still land after the new owner's — even after
 //     later events of the aggregate. The slow relay's completion is refused
 //     by the token guard, so the table stays right, but the wire then holds
 //     a late duplicate of an event already delivered in order. Consumers
 //     that deduplicate by event id see the order intact; others see a stale
-//     repeat. LeaseTTL must exceed 2 × BatchTimeout to make this rare: the
-//     slow batch's context expires long before the lease does.
+//     repeat. The batch deadline keeps it to a relay paused (not merely
+//     slow) for longer than LeaseTTL − BatchTimeout.
 //   - A DEAD event blocks its aggregate until an operator calls Requeue
 //     (skipping it would silently break the order).
 //   - Enqueueing for one aggregate serializes on that aggregate's counter
 //     row: keep such transactions short.
+//   - No order between different aggregates.
 package outbox
