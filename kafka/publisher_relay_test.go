@@ -524,3 +524,48 @@ func TestFailpointKillThenRestart(t *testing.T) {
 		})
 	}
 }
+
+// The retention purge is SIGKILLed between two of its statements
+// (failpoint purge-mid-batch): the first statement's rows are gone, the
+// rest stay, and the restarted relay deletes them. A partial purge is a
+// smaller purge; rows that are not PUBLISHED and old are never touched.
+func TestFailpointKillMidPurge(t *testing.T) {
+	t.Parallel()
+	bin := pubBuildRelay(t)
+	db := testdb.New(t)
+	c := testkafka.New(t)
+	c.CreateTopic(t, "orders", 1)
+	var msgs []outbox.Message
+	for i := range 5 {
+		msgs = append(msgs, pubMsg("orders", fmt.Sprintf("old-%d", i), 1))
+	}
+	pubEnqueue(t, db, append(msgs, pubMsg("orders", "dead", 1))...)
+	if _, err := db.Pool.Exec(context.Background(), `UPDATE outbox_event
+		SET status = CASE WHEN aggregate_id = 'dead' THEN 'DEAD' ELSE 'PUBLISHED' END,
+		    published_at = CASE WHEN aggregate_id = 'dead' THEN NULL ELSE now() - interval '1 hour' END`); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-db", db.URL, "-brokers", strings.Join(c.Addrs, ","), "-retention", "1m", "-purge-batch-size", "2"}
+	p := pubStartRelayEnv(t, bin, []string{failpoint.EnvVar + "=" + failpoint.PurgeMidBatch + "=kill"}, args...)
+	p.wait(t)
+	if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("relay did not die by SIGKILL: %v\n%s", p.cmd.ProcessState, p.stderr.String())
+	}
+	if n := pubCount(t, db, "status = 'PUBLISHED'"); n != 3 {
+		t.Fatalf("%d old PUBLISHED rows left after a kill after the first purge statement, want 3", n)
+	}
+	p2 := pubStartRelay(t, bin, args...)
+	p2.waitLine(t, "STARTED")
+	pubEventually(t, "the purge finished by the restarted relay", 30*time.Second, func() bool {
+		return pubCount(t, db, "status = 'PUBLISHED'") == 0
+	})
+	if err := p2.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p2.wait(t); code != 0 {
+		t.Fatalf("restarted relay exit status %d", code)
+	}
+	if n := pubCount(t, db, "true"); n != 1 || pubCount(t, db, "status = 'DEAD'") != 1 {
+		t.Fatalf("%d rows left, want only the DEAD one", n)
+	}
+}

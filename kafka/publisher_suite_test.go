@@ -38,10 +38,12 @@ func TestPublisherSuite(t *testing.T) {
 		}
 		return &publishertest.Broker{
 			Publisher: pub,
-			Read:      func(ctx context.Context, topic string) ([]publishertest.Message, error) { return suiteRead(ctx, c, topic) },
-			Reject:    func(topic string) { fail(topic, kerr.InvalidRecord) },
-			Stall:     func(topic string) { fail(topic, kerr.NotEnoughReplicas) },
-			TooLarge:  128 << 10,
+			Read: func(ctx context.Context, topic string) ([]publishertest.Message, error) {
+				return suiteRead(ctx, c, topic)
+			},
+			Reject:   func(topic string) { fail(topic, kerr.InvalidRecord) },
+			Stall:    func(topic string) { fail(topic, kerr.NotEnoughReplicas) },
+			TooLarge: 128 << 10,
 		}
 	})
 }

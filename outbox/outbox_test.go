@@ -653,6 +653,12 @@ func TestNewRelayValidates(t *testing.T) {
 		{outbox.RelayConfig{MaxAttempts: -1}, "MaxAttempts"},
 		{outbox.RelayConfig{BackoffMin: time.Hour, BackoffMax: time.Second}, "BackoffMin"},
 		{outbox.RelayConfig{PurgeBatchSize: -3}, "PurgeBatchSize"},
+		// Checked after the defaults are filled in: each is wrong only
+		// against a default.
+		{outbox.RelayConfig{BatchTimeout: 40 * time.Second}, "LeaseTTL"},
+		{outbox.RelayConfig{BackoffMin: 10 * time.Minute}, "BackoffMax"},
+		{outbox.RelayConfig{Owner: strings.Repeat("o", outbox.OwnerMaxLen+1)}, "Owner"},
+		{outbox.RelayConfig{BatchSize: outbox.BatchSizeMax + 1}, "BatchSize"},
 	}
 	for _, tt := range testCases {
 		_, err := outbox.NewRelay(db.Pool, newRecorder(), &tt.cfg)

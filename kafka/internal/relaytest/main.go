@@ -1,6 +1,7 @@
 // Command relaytest runs one outbox relay against a database and a Kafka
 // broker, for the process-level tests in package kafka (SIGTERM and
-// SIGKILL mid-batch). It is not part of the toolkit's CLI.
+// SIGKILL mid-batch, failpoint kills through IDEM_FAILPOINTS). It is not
+// part of the toolkit's CLI.
 //
 // With -hold, the publisher announces each batch on stdout ("IN-FLIGHT n")
 // and then waits before producing: "term" waits until the process has
@@ -65,6 +66,8 @@ func main() {
 	leaseTTL := flag.Duration("lease-ttl", 3*time.Second, "lease TTL")
 	batchTimeout := flag.Duration("batch-timeout", time.Second, "batch timeout")
 	batchSize := flag.Int("batch-size", 100, "batch size")
+	retention := flag.Duration("retention", -1, "retention of PUBLISHED rows (negative: no purge)")
+	purgeBatch := flag.Int("purge-batch-size", 1000, "rows per purge statement")
 	flag.Parse()
 
 	// The hold waits for SIGTERM on its own channel; the relay's context
@@ -76,13 +79,22 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 
-	if err := run(ctx, *dbURL, *brokers, *mode, *hold, *leaseTTL, *batchTimeout, *batchSize, termed); err != nil {
+	cfg := outbox.RelayConfig{
+		LeaseTTL: *leaseTTL, BatchTimeout: *batchTimeout, BatchSize: *batchSize,
+		ReapInterval: 100 * time.Millisecond, PollInterval: 100 * time.Millisecond,
+		Retention: *retention, PurgeInterval: 100 * time.Millisecond, PurgeBatchSize: *purgeBatch,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+	}
+	if *mode == "two-phase" {
+		cfg.Mode = outbox.TwoPhase
+	}
+	if err := run(ctx, *dbURL, *brokers, *hold, cfg, termed); err != nil {
 		fmt.Fprintln(os.Stderr, "relaytest:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dbURL, brokers, mode, hold string, leaseTTL, batchTimeout time.Duration, batchSize int, termed chan struct{}) error {
+func run(ctx context.Context, dbURL, brokers, hold string, cfg outbox.RelayConfig, termed chan struct{}) error {
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		return err
@@ -97,15 +109,7 @@ func run(ctx context.Context, dbURL, brokers, mode, hold string, leaseTTL, batch
 	if err != nil {
 		return err
 	}
-	m := outbox.AtLeastOnce
-	if mode == "two-phase" {
-		m = outbox.TwoPhase
-	}
-	relay, err := outbox.NewRelay(pool, &holdPublisher{next: pub, hold: hold, term: termed}, &outbox.RelayConfig{
-		Mode: m, LeaseTTL: leaseTTL, BatchTimeout: batchTimeout, BatchSize: batchSize,
-		ReapInterval: 100 * time.Millisecond, PollInterval: 100 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
-	})
+	relay, err := outbox.NewRelay(pool, &holdPublisher{next: pub, hold: hold, term: termed}, &cfg)
 	if err != nil {
 		return err
 	}
