@@ -687,7 +687,10 @@ func TestPublishTimeoutIsRecorded(t *testing.T) {
 			db := testdb.New(t)
 			rec := newRecorder()
 			rec.release = make(chan struct{}) // never closed: only ctx ends the publish
-			r := newRelay(t, db, rec, outbox.RelayConfig{Mode: mode, DisableNotify: true, BatchTimeout: 400 * time.Millisecond})
+			// A long backoff: full jitter draws the delay in [0, BackoffMin] for
+			// a first failure, and the check below needs one that has not passed.
+			r := newRelay(t, db, rec, outbox.RelayConfig{Mode: mode, DisableNotify: true, BatchTimeout: 2 * time.Second,
+				BackoffMin: time.Hour, BackoffMax: time.Hour})
 			enqueue(t, db.Pool, msg("a", 1))
 			if n, err := r.RunBatch(context.Background()); n != 1 || err == nil {
 				t.Fatalf("RunBatch = %d, %v; want 1 event and the publish error", n, err)
