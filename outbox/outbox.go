@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -59,6 +61,9 @@ type Message struct {
 	// Payload is the record value. May be empty.
 	Payload []byte
 	// Headers are extra record headers. May be nil.
+	//
+	// Every string of a Message must be valid UTF-8 without NUL bytes
+	// (PostgreSQL text); Payload may hold any bytes.
 	Headers map[string]string
 }
 
@@ -132,6 +137,19 @@ func enqueue(ctx context.Context, db DBTX, msgs []Message) ([]string, error) {
 		case m.EventType == "":
 			return nil, fmt.Errorf("%w: message %d: EventType is empty", ErrInvalidMessage, i)
 		}
+		for _, f := range [...]struct{ name, v string }{
+			{"Topic", m.Topic}, {"AggregateType", m.AggregateType}, {"AggregateID", m.AggregateID},
+			{"EventID", m.EventID}, {"EventType", m.EventType},
+		} {
+			if !storable(f.v) {
+				return nil, fmt.Errorf("%w: message %d: %s is not valid UTF-8 without NUL", ErrInvalidMessage, i, f.name)
+			}
+		}
+		for k, v := range m.Headers {
+			if !storable(k) || !storable(v) {
+				return nil, fmt.Errorf("%w: message %d: Headers[%q] is not valid UTF-8 without NUL", ErrInvalidMessage, i, k)
+			}
+		}
 		if m.EventID == "" {
 			m.EventID = NewEventID()
 		}
@@ -157,6 +175,13 @@ func enqueue(ctx context.Context, db DBTX, msgs []Message) ([]string, error) {
 		return nil, fmt.Errorf("outbox: enqueue: %w", err)
 	}
 	return p.EventIds, nil
+}
+
+// storable reports whether PostgreSQL can store s as text (and in jsonb):
+// valid UTF-8 and no NUL. encoding/json would otherwise replace invalid
+// bytes silently, and the server refuses a NUL.
+func storable(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
 func decodeHeaders(raw []byte) map[string]string {

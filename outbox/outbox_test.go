@@ -811,3 +811,69 @@ func TestPublishCallsPerBatch(t *testing.T) {
 		t.Fatalf("delivered %v, want %v", got, want)
 	}
 }
+
+// A publisher's error is stored as the event's last_error. It may hold any
+// bytes — invalid UTF-8, a NUL, a multi-byte character across the length
+// cut — and the mark must still succeed: a mark that PostgreSQL refuses
+// rolls the batch back (at-least-once) or leaves its lease (two-phase), so
+// the attempt is never counted and the event is retried without backoff,
+// forever.
+func TestHostileErrorTextIsRecorded(t *testing.T) {
+	t.Parallel()
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t)
+			rec := newRecorder()
+			hostile := "broker said \xff\xfe\x00 no: " + strings.Repeat("ж", 1500)
+			rec.fail = func(outbox.Event) error { return errors.New(hostile) }
+			r := newRelay(t, db, rec, outbox.RelayConfig{Mode: mode, DisableNotify: true,
+				BackoffMin: time.Hour, BackoffMax: time.Hour})
+			enqueue(t, db.Pool, msg("a", 1))
+			if _, err := r.RunBatch(context.Background()); err == nil || strings.Contains(err.Error(), "mark failed") {
+				t.Fatalf("RunBatch: %v; want the publish failure, recorded", err)
+			}
+			var status, lastErr string
+			var attempts int
+			if err := db.Pool.QueryRow(context.Background(), "SELECT status, attempts, last_error FROM outbox_event").
+				Scan(&status, &attempts, &lastErr); err != nil {
+				t.Fatal(err)
+			}
+			if status != "PENDING" || attempts != 1 || !strings.HasPrefix(lastErr, "broker said") || len(lastErr) > 2000 {
+				t.Fatalf("status %s attempts %d last_error %q (%d bytes)", status, attempts, lastErr[:min(len(lastErr), 40)], len(lastErr))
+			}
+		})
+	}
+}
+
+// Text fields that PostgreSQL cannot store (a NUL, invalid UTF-8) are a
+// clear ErrInvalidMessage naming the field, not a driver error.
+func TestEnqueueRejectsUnstorableText(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	base := outbox.Message{Topic: "t", AggregateType: "a", AggregateID: "1", EventType: "E"}
+	testCases := []struct {
+		field string
+		edit  func(m *outbox.Message)
+	}{
+		{"Topic", func(m *outbox.Message) { m.Topic = "t\x00" }},
+		{"AggregateType", func(m *outbox.Message) { m.AggregateType = "\xff" }},
+		{"AggregateID", func(m *outbox.Message) { m.AggregateID = "1\x00" }},
+		{"EventID", func(m *outbox.Message) { m.EventID = "e\xc3" }},
+		{"EventType", func(m *outbox.Message) { m.EventType = "E\x00" }},
+		{"Headers", func(m *outbox.Message) { m.Headers = map[string]string{"k": "v\x00"} }},
+		{"Headers", func(m *outbox.Message) { m.Headers = map[string]string{"k\xff": "v"} }},
+	}
+	for _, tt := range testCases {
+		m := base
+		tt.edit(&m)
+		_, err := outbox.Enqueue(ctx, db.Pool, m)
+		if !errors.Is(err, outbox.ErrInvalidMessage) || !strings.Contains(err.Error(), tt.field) {
+			t.Errorf("%s: err = %v, want ErrInvalidMessage naming %s", tt.field, err, tt.field)
+		}
+	}
+	if st := statuses(t, db); len(st) != 0 {
+		t.Fatalf("rows written: %v", st)
+	}
+}

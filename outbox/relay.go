@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -400,7 +402,7 @@ func (r *Relay) failParams(events []Event, o outcome) failParams {
 	for k, i := range o.failed {
 		e := &events[i]
 		p.ids[k] = e.ID
-		p.errs[k] = truncate(o.errs[i].Error(), 2000)
+		p.errs[k] = errorText(o.errs[i])
 		p.delays[k] = r.backoff.Delay(e.Attempts + 1).Milliseconds()
 	}
 	return p
@@ -437,11 +439,25 @@ func (r *Relay) emitDead(ctx context.Context, events []Event, dead []int64) {
 	r.emit(ctx, RelayEvent{Kind: RelayDead, Count: len(infos), Events: infos})
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
+// errorTextMax bounds a stored last_error, in bytes.
+const errorTextMax = 2000
+
+// errorText is err as PostgreSQL can store it: a publisher's error may
+// carry any bytes (a broker's message, a record's key), and a mark that the
+// server refuses would leave the attempt uncounted and the event retried
+// without backoff, forever. Invalid UTF-8 and NUL become U+FFFD, and the
+// cut falls on a character boundary.
+func errorText(err error) string {
+	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	if len(s) <= errorTextMax {
 		return s
 	}
-	return s[:n]
+	cut := errorTextMax
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }
 
 func randomToken() int64 {
