@@ -202,7 +202,8 @@ func (r *Relay) publishContext(ctx context.Context) (context.Context, context.Ca
 // were delivered. It waits for the publisher until ctx's deadline and then
 // a grace of BatchTimeout/8 (half the reserve kept for the mark), so that
 // a publisher that honours ctx is heard; a call still running after that
-// is abandoned and all its events fail with ErrPublishTimeout. The
+// (or at once, when the hard stop cancelled ctx) is abandoned and all its
+// events fail with ErrPublishTimeout. The
 // abandoned call may still deliver some of them later: they are published
 // again, a duplicate at worst, and in order, since every later event of
 // their aggregates waits for that republish.
@@ -213,7 +214,11 @@ func (r *Relay) call(ctx context.Context, events []Event) []error {
 	select {
 	case err = <-done:
 	case <-ctx.Done():
-		grace := time.NewTimer(r.cfg.BatchTimeout / 8)
+		wait := r.cfg.BatchTimeout / 8
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			wait = 0 // the hard stop: abandon at once
+		}
+		grace := time.NewTimer(wait)
 		select {
 		case err = <-done:
 		case <-grace.C:

@@ -877,3 +877,45 @@ func TestEnqueueRejectsUnstorableText(t *testing.T) {
 		t.Fatalf("rows written: %v", st)
 	}
 }
+
+// stubborn is a Publisher that ignores ctx: it returns only when released.
+type stubborn struct{ release chan struct{} }
+
+func (p stubborn) Publish(context.Context, []outbox.Event) error { <-p.release; return nil }
+
+// A publisher that ignores its deadline does not hold the batch: the relay
+// gives the call up after the deadline and a grace, counts a failed
+// attempt for its events (ErrPublishTimeout) and records it, in both modes.
+func TestRelayAbandonsPublishPastDeadline(t *testing.T) {
+	t.Parallel()
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t)
+			pub := stubborn{release: make(chan struct{})}
+			defer close(pub.release) // the abandoned call ends before the leak check
+			r := newRelay(t, db, pub, outbox.RelayConfig{Mode: mode, DisableNotify: true, BatchTimeout: 2 * time.Second,
+				BackoffMin: time.Hour, BackoffMax: time.Hour})
+			enqueue(t, db.Pool, msg("a", 1), msg("b", 1))
+			n, err := r.RunBatch(context.Background())
+			if n != 2 || !errors.Is(err, outbox.ErrPublishTimeout) {
+				t.Fatalf("RunBatch = %d, %v; want 2 and ErrPublishTimeout", n, err)
+			}
+			rows, err := db.Pool.Query(context.Background(), "SELECT status, attempts, last_error FROM outbox_event")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var status, lastErr string
+				var attempts int
+				if err := rows.Scan(&status, &attempts, &lastErr); err != nil {
+					t.Fatal(err)
+				}
+				if status != "PENDING" || attempts != 1 || !strings.Contains(lastErr, outbox.ErrPublishTimeout.Error()) {
+					t.Fatalf("status %s attempts %d last_error %q", status, attempts, lastErr)
+				}
+			}
+		})
+	}
+}
