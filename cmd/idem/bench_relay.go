@@ -28,7 +28,7 @@ func init() {
 		Summary: "Outbox relay throughput on --events pending events over --aggregates aggregates:\n" +
 			"sql-ceiling (claim + mark statements alone, no publish), per-row (the naive\n" +
 			"loop: claim, one produce call, one UPDATE per row), at-least-once and\n" +
-			"two-phase (the outbox.Relay modes, one ProduceSync per batch); then\n" +
+			"two-phase (the outbox.Relay modes, one publisher call per batch); then\n" +
 			"notify-latency: commit → Kafka latency at --rate events/s with LISTEN/NOTIFY\n" +
 			"wake-up (poll interval 1s). In-process kfake broker, scratch schema (dropped after).",
 		Flags: func(fs *benchFlags) {
