@@ -36,7 +36,7 @@ crashed, the network cut and produce requests partly failed:
                          N times; paysim stays on DATABASE_URL
   --net-cuts N           billing reaches PostgreSQL and Kafka through TCP
                          fault proxies that reset every open connection N
-                         times, half of them after a stall
+                         times, every other one after a stall
 
 Then it waits until every order and payment is final and the outbox is
 drained, and audits paysim's ledger (every confirmed order and accepted

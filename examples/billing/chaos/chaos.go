@@ -54,8 +54,8 @@ type run struct {
 	rep    *Report
 	logDir string
 
-	broker    *proc
-	paysim    *proc
+	broker *proc
+	paysim *proc
 	// pg is billing's own cluster (PGRestarts); pgProxy and kafkaProxy
 	// stand between billing and PostgreSQL and Kafka (NetCuts).
 	pg                  *pgtemp.Cluster
@@ -419,10 +419,10 @@ func (r *run) infraEvent(ctx context.Context, ev event, rng *mrand.Rand) error {
 		r.pgRestarts.Add(1)
 		r.progress.logf("postgres: restarted")
 	case "net":
-		// Half of the cuts come after a stall: the connections hang first,
+		// Every other cut comes after a stall: the connections hang first,
 		// as over a partition, then are reset.
 		var stall time.Duration
-		if rng.IntN(2) == 0 {
+		if r.netCuts.Load()%2 == 1 {
 			stall = time.Duration(300+rng.IntN(1700)) * time.Millisecond
 			r.pgProxy.Stall(stall)
 			r.kafkaProxy.Stall(stall)
@@ -431,7 +431,11 @@ func (r *run) infraEvent(ctx context.Context, ev event, rng *mrand.Rand) error {
 		n := r.pgProxy.Cut() + r.kafkaProxy.Cut()
 		r.netCuts.Add(1)
 		r.netCutConns.Add(int64(n))
-		r.progress.logf("network: reset %d connections to PostgreSQL and Kafka (after a %v stall)", n, stall)
+		if stall > 0 {
+			r.progress.logf("network: reset %d connections to PostgreSQL and Kafka after a %v stall", n, stall)
+		} else {
+			r.progress.logf("network: reset %d connections to PostgreSQL and Kafka", n)
+		}
 	}
 	sleep(ctx, time.Duration(200+rng.IntN(600))*time.Millisecond)
 	return nil
@@ -700,7 +704,7 @@ func (r *run) auditKafka(ctx context.Context) error {
 	}
 	res := checkKafka(rows, recs)
 	r.rep.KafkaEvents, r.rep.KafkaAggregates = res.events, res.aggregates
-	r.rep.KafkaRecords, r.rep.KafkaRedelivered = res.records, res.redelivered
+	r.rep.KafkaRecords, r.rep.KafkaRedelivered, r.rep.KafkaRetried = res.records, res.redelivered, res.retried
 	for _, v := range res.violations {
 		r.violation(v)
 	}

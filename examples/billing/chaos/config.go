@@ -110,7 +110,7 @@ type Config struct {
 	// NetCuts: billing reaches PostgreSQL and Kafka through TCP fault
 	// proxies (internal/faultproxy; devkafka advertises its proxy), and
 	// every open connection of both is reset this many times during the
-	// load, half of the times after a stall of up to 2s. Defaults to 0;
+	// load, every other time after a stall of up to 2s. Defaults to 0;
 	// needs the devkafka child.
 	NetCuts int
 	// Seed drives every random choice: the driver's, the chaos schedule's,

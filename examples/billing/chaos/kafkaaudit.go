@@ -52,7 +52,10 @@ type delivery struct {
 
 type kafkaAuditResult struct {
 	events, aggregates, records, redelivered int
-	violations                               []Violation
+	// retried is the events whose publish failed at least once (a last
+	// error in the outbox row): the produce failures the relays rode out.
+	retried    int
+	violations []Violation
 }
 
 // checkKafka compares the outbox table with what reached the topics.
@@ -115,6 +118,9 @@ func checkKafka(rows []outboxRow, recs []wireRecord) kafkaAuditResult {
 	}
 	res.events, res.aggregates = len(rows), len(aggs)
 	for _, row := range rows {
+		if row.LastError != "" {
+			res.retried++
+		}
 		if first[row.EventID] != nil {
 			continue
 		}

@@ -104,6 +104,8 @@ type Report struct {
 	KafkaAggregates  int `json:"kafka_aggregates"`
 	KafkaRecords     int `json:"kafka_records"`
 	KafkaRedelivered int `json:"kafka_redelivered"`
+	// KafkaRetried is the outbox events whose publish failed at least once.
+	KafkaRetried int `json:"kafka_retried"`
 
 	Violations []Violation `json:"violations"`
 	Pass       bool        `json:"pass"`
@@ -151,8 +153,8 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  time        load %.1fs, quiescence %.1fs\n", r.LoadSeconds, r.QuiescenceSeconds)
 	fmt.Fprintf(w, "  audit       %d confirmed orders + %d payments: %d CHARGED, %d FAILED; %d ledger charges\n",
 		r.ConfirmedOrders, r.AcceptedPayments, r.Charged, r.Failed, r.LedgerCharges)
-	fmt.Fprintf(w, "  kafka       %d outbox events of %d aggregates checked against %d records (%d redeliveries): each on its topic, first deliveries in aggregate order\n",
-		r.KafkaEvents, r.KafkaAggregates, r.KafkaRecords, r.KafkaRedelivered)
+	fmt.Fprintf(w, "  kafka       %d outbox events of %d aggregates (%d had a failed publish) checked against %d records (%d redeliveries): each on its topic, first deliveries in aggregate order\n",
+		r.KafkaEvents, r.KafkaAggregates, r.KafkaRetried, r.KafkaRecords, r.KafkaRedelivered)
 	if len(r.Violations) > 0 {
 		kinds := map[string]int{}
 		for _, v := range r.Violations {
