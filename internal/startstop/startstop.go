@@ -48,10 +48,10 @@ type Service struct {
 }
 
 type run struct {
-	soft context.CancelCauseFunc
-	hard context.CancelCauseFunc
-	wg   sync.WaitGroup
-	done chan struct{}
+	soft     context.CancelCauseFunc
+	hard     context.CancelCauseFunc
+	wg       sync.WaitGroup
+	done     chan struct{}
 	mu       sync.Mutex
 	err      error // first error reported by Fail
 	stopping bool
