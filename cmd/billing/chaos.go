@@ -25,15 +25,30 @@ DATABASE_URL (else the local server), each run in a fresh schema. A load
 driver creates and confirms orders and creates payments, retrying every POST
 with the same Idempotency-Key on timeouts, 5xx and 409 in-progress, and
 sometimes sending a duplicate at once. At seeded random moments billing
-instances are SIGKILLed or SIGTERMed and restarted, and the broker restarted.
-Then it waits until every order and payment is final and audits paysim's
-ledger: every confirmed order and accepted payment charged exactly once with
-the right amount, no charge without one, every replayed answer identical to
-the first. Exit status 1 on any violation.
+instances are SIGKILLed or SIGTERMed and restarted, the broker restarted,
+and with --pg-restarts, --net-cuts and --produce-fail-rate the database
+crashed, the network cut and produce requests partly failed:
+
+  --produce-fail-rate P  devkafka answers that share of produce partitions
+                         with a non-retriable error (INVALID_RECORD)
+  --pg-restarts N        billing runs on a throwaway PostgreSQL cluster of its
+                         own, crashed (pg_ctl stop -m immediate) and restarted
+                         N times; paysim stays on DATABASE_URL
+  --net-cuts N           billing reaches PostgreSQL and Kafka through TCP
+                         fault proxies that reset every open connection N
+                         times, every other one after a stall
+
+Then it waits until every order and payment is final and the outbox is
+drained, and audits paysim's ledger (every confirmed order and accepted
+payment charged exactly once with the right amount, no charge without one,
+every replayed answer identical to the first) and Kafka (every outbox event
+on its topic at least once, the first deliveries of each aggregate in
+sequence order). Exit status 1 on any violation.
 
 --unsafe=LAYER switches one protection off to prove the audit can fail:
-key (the driver sends a fresh key on every retry), inbox, fingerprint or
-lease (passed to billing as BILLING_UNSAFE).
+key (the driver sends a fresh key on every retry), inbox, fingerprint,
+lease or publish (the relay loses an event; passed to billing as
+BILLING_UNSAFE).
 
 The idem binary (devkafka, paysim) is --idem-bin, else IDEM_BIN, else idem
 beside this binary, else built with 'go build' when run inside the idem
@@ -57,8 +72,11 @@ func addHarnessFlags(fs *flag.FlagSet, def chaos.Config) *harnessFlags {
 	fs.IntVar(&h.cfg.BrokerRestarts, "broker-restarts", def.BrokerRestarts, "broker restarts (needs the devkafka child: KAFKA_BROKERS empty)")
 	fs.Float64Var(&h.cfg.DropRate, "drop-rate", def.DropRate, "paysim: share of charges whose response is dropped after charging")
 	fs.Float64Var(&h.cfg.FailRate, "fail-rate", def.FailRate, "paysim: share of charges that fail before charging")
+	fs.Float64Var(&h.cfg.ProduceFailRate, "produce-fail-rate", def.ProduceFailRate, "devkafka: share of produce partitions failed with a non-retriable error (needs the embedded broker)")
+	fs.IntVar(&h.cfg.PGRestarts, "pg-restarts", def.PGRestarts, "crash and restart billing's own PostgreSQL cluster this many times")
+	fs.IntVar(&h.cfg.NetCuts, "net-cuts", def.NetCuts, "reset every connection from billing to PostgreSQL and Kafka this many times (needs the embedded broker)")
 	fs.Int64Var(&h.cfg.Seed, "seed", 0, "seed of every random choice (0: from the clock; the report prints it)")
-	fs.StringVar(&h.cfg.Unsafe, "unsafe", "", "switch one protection off: key, inbox, fingerprint or lease")
+	fs.StringVar(&h.cfg.Unsafe, "unsafe", "", "switch one protection off: key, inbox, fingerprint, lease or publish")
 	fs.IntVar(&h.cfg.Concurrency, "concurrency", chaos.ConcurrencyDefault, "driver workers")
 	fs.DurationVar(&h.cfg.LoadDuration, "duration", chaos.LoadDurationDefault, "spread the start of the orders and payments over this time")
 	fs.DurationVar(&h.cfg.Quiescence, "quiescence", chaos.QuiescenceDefault, "how long to wait, after the load, for every order and payment to be final")
@@ -91,8 +109,11 @@ func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error
 		fmt.Fprintf(os.Stderr, "%s %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, a...))
 	}
 	cfg := h.cfg
-	if cfg.Orders < 0 || cfg.Payments < 0 || cfg.Instances < 1 || cfg.Kills < 0 || cfg.Terms < 0 || cfg.BrokerRestarts < 0 {
-		return cli.Usagef("--orders, --payments, --kills, --terms and --broker-restarts must not be negative, --instances at least 1")
+	if cfg.Orders < 0 || cfg.Payments < 0 || cfg.Instances < 1 || cfg.Kills < 0 || cfg.Terms < 0 || cfg.BrokerRestarts < 0 || cfg.PGRestarts < 0 || cfg.NetCuts < 0 {
+		return cli.Usagef("--orders, --payments, --kills, --terms, --broker-restarts, --pg-restarts and --net-cuts must not be negative, --instances at least 1")
+	}
+	if cfg.ProduceFailRate < 0 || cfg.ProduceFailRate >= 1 {
+		return cli.Usagef("--produce-fail-rate must be in [0, 1)")
 	}
 	if cfg.Quiescence <= 0 || cfg.LoadDuration <= 0 {
 		return cli.Usagef("--quiescence and --duration must be positive")
@@ -104,9 +125,9 @@ func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error
 		return cli.Usagef("--drop-rate and --fail-rate must be in [0, 1)")
 	}
 	switch cfg.Unsafe {
-	case "", chaos.UnsafeKey, chaos.UnsafeInbox, chaos.UnsafeFingerprint, chaos.UnsafeLease:
+	case "", chaos.UnsafeKey, chaos.UnsafeInbox, chaos.UnsafeFingerprint, chaos.UnsafeLease, chaos.UnsafePublish:
 	default:
-		return cli.Usagef("--unsafe %q: want key, inbox, fingerprint or lease", cfg.Unsafe)
+		return cli.Usagef("--unsafe %q: want key, inbox, fingerprint, lease or publish", cfg.Unsafe)
 	}
 	if (cfg.Kills > 0 || cfg.Terms > 0) && cfg.Instances < 2 {
 		return cli.Usagef("--kills and --terms need --instances 2 or more (one instance always serves)")
@@ -118,6 +139,13 @@ func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error
 		}
 		logf("KAFKA_BROKERS is set: no broker restarts")
 		cfg.BrokerRestarts = 0
+	}
+	if cfg.KafkaBrokers != "" && (cfg.NetCuts > 0 || cfg.ProduceFailRate > 0) {
+		if !pgtempFallback {
+			return cli.Usagef("--net-cuts and --produce-fail-rate need the embedded broker: unset KAFKA_BROKERS")
+		}
+		logf("KAFKA_BROKERS is set: no network cuts, no produce failures")
+		cfg.NetCuts, cfg.ProduceFailRate = 0, 0
 	}
 
 	work, err := os.MkdirTemp("", "billing-chaos-")

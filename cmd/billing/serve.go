@@ -54,7 +54,7 @@ Environment:
                             wait before the reaper returns them (default 60s;
                             must exceed twice the relay's batch timeout, which
                             is min(10s, about 15% of SHUTDOWN_TIMEOUT))
-  BILLING_UNSAFE            inbox, fingerprint or lease: switch that protection
+  BILLING_UNSAFE            inbox, fingerprint, lease or publish: switch that protection
                             off so that billing chaos can prove its audit
                             catches the double charges (default: none; never
                             in production; a loud warning is logged)`

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os/exec"
@@ -12,7 +13,11 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemkit/idem/internal/faultproxy"
+	"github.com/idemkit/idem/kafka"
 )
 
 // devkafkaProc is a running `idem devkafka`.
@@ -213,10 +218,161 @@ func TestDevkafkaBadFlags(t *testing.T) {
 		{"devkafka", "--port", "70000"},
 		{"devkafka", "--partitions", "0"},
 		{"devkafka", "extra"},
+		{"devkafka", "--produce-fail-rate", "1.5"},
+		{"devkafka", "--produce-fail-rate", "0.1", "--produce-fail-error", "NOT_LEADER_FOR_PARTITION"},
+		{"devkafka", "--produce-fail-error", "NO_SUCH_ERROR"},
+		{"devkafka", "--advertise", "localhost"},
 	} {
 		_, stderr, code := runIdem(t, nil, args...)
 		if code != 2 || strings.Count(stderr, "\n") != 1 {
 			t.Errorf("%v: exit %d, stderr %q; want 2 and one line", args, code, stderr)
 		}
+	}
+}
+
+// --produce-fail-rate with a real client (the relay's producer options:
+// acks=all, idempotent): at 1 every partition of every produce fails with
+// the chosen error, at 0 none does, at 0.3 about that share of the
+// partition-requests fails, often beside partitions of the same request
+// that succeed, and exactly the records reported written are on the broker.
+func TestDevkafkaProduceFailRate(t *testing.T) {
+	t.Parallel()
+	const partitions, rounds = 8, 40
+	for _, tt := range []struct {
+		rate     string
+		min, max int // failed partition-requests of partitions*rounds
+	}{
+		{"1", partitions * rounds, partitions * rounds},
+		{"0", 0, 0},
+		// 320 draws at 0.3: mean 96, sd 8.2; the bounds are 4 sd away.
+		{"0.3", 63, 129},
+	} {
+		t.Run("rate="+tt.rate, func(t *testing.T) {
+			t.Parallel()
+			p := startDevkafka(t, "--port", "0", "--topics", "t", "--partitions", fmt.Sprint(partitions),
+				"--produce-fail-rate", tt.rate, "--produce-fail-seed", "5", "--produce-fail-error", "MESSAGE_TOO_LARGE")
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			cl, err := kgo.NewClient(append(kafka.ProducerOpts(), kgo.SeedBrokers(p.addr),
+				kgo.RecordPartitioner(kgo.ManualPartitioner()))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			failed, partial := 0, 0
+			written := map[string]bool{}
+			for round := range rounds {
+				recs := make([]*kgo.Record, partitions)
+				for i := range recs {
+					recs[i] = &kgo.Record{Topic: "t", Partition: int32(i), Value: []byte(fmt.Sprintf("%d-%d", round, i))}
+				}
+				n := 0
+				for _, res := range cl.ProduceSync(ctx, recs...) {
+					switch {
+					case res.Err == nil:
+						written[string(res.Record.Value)] = true
+					case errors.Is(res.Err, kerr.MessageTooLarge):
+						n++
+					default:
+						t.Fatalf("round %d: %s: error %v, want MESSAGE_TOO_LARGE", round, res.Record.Value, res.Err)
+					}
+				}
+				failed += n
+				if n > 0 && n < partitions {
+					partial++
+				}
+			}
+			t.Logf("rate %s: %d of %d partition-requests failed; %d of %d rounds partly failed", tt.rate, failed, partitions*rounds, partial, rounds)
+			if failed < tt.min || failed > tt.max {
+				t.Fatalf("%d partition-requests failed, want %d..%d", failed, tt.min, tt.max)
+			}
+			if tt.rate == "0.3" && partial < rounds/2 {
+				t.Errorf("only %d of %d rounds had failed and written partitions side by side", partial, rounds)
+			}
+			// What the client was told was written is what the broker has.
+			got := readAll(ctx, t, p.addr, "t", len(written))
+			for v := range got {
+				if !written[v] {
+					t.Errorf("record %s is on the broker but its produce failed", v)
+				}
+			}
+			if len(got) != len(written) {
+				t.Errorf("broker has %d records, the client was told %d were written", len(got), len(written))
+			}
+		})
+	}
+}
+
+// readAll reads topic from the start until n distinct values arrived, then
+// a little longer, so that an extra record would show.
+func readAll(ctx context.Context, t *testing.T, addr, topic string, n int) map[string]bool {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	ends.Each(func(o kadm.ListedOffset) { total += o.Offset })
+	seen := map[string]bool{}
+	for read := int64(0); read < total; {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("read %d of %d records: %v", read, total, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			read++
+			seen[string(r.Value)] = true
+		})
+	}
+	return seen
+}
+
+// --advertise names the proxy in metadata, so that a client seeded with the
+// proxy's address stays on it: cutting the proxy's connections then cuts
+// every connection the client has.
+func TestDevkafkaAdvertise(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	proxy, err := faultproxy.Listen("127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	p := startDevkafka(t, "--port", fmt.Sprint(port), "--topics", "t", "--advertise", proxy.Addr())
+	if p.addr != fmt.Sprintf("127.0.0.1:%d", port) {
+		t.Fatalf("listening on %s, want the real port %d", p.addr, port)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(proxy.Addr()), kgo.DefaultProduceTopic("t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("1")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	md, err := kadm.NewClient(cl).BrokerMetadata(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(md.Brokers) != 1 || fmt.Sprintf("%s:%d", md.Brokers[0].Host, md.Brokers[0].Port) != proxy.Addr() {
+		t.Fatalf("metadata brokers %+v, want only %s", md.Brokers, proxy.Addr())
+	}
+	if proxy.Cut() == 0 {
+		t.Fatal("the client has no connection through the proxy")
+	}
+	// The client reconnects through the proxy and goes on.
+	if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("2")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if acc, _ := proxy.Stats(); acc < 2 {
+		t.Errorf("%d connections through the proxy, want a reconnection after the cut", acc)
 	}
 }

@@ -9,7 +9,14 @@
 // data directory is given to the "postgres" user (or Config.User) and initdb
 // and postgres run under that user's uid and gid.
 //
-// What it does not guarantee: durability. The cluster runs with fsync off,
-// because it lives only as long as the process that started it; a machine
-// crash loses it, which is its purpose.
+// Restart stops the server in one of pg_ctl's modes and starts it again on
+// the same port and data: StopImmediate is a crash of the database server
+// (every connection dropped mid-statement, crash recovery at the next
+// start), which the chaos harness of examples/billing injects during its
+// load. Nothing committed is lost by it: synchronous_commit stays on.
+//
+// What it does not guarantee: durability across a machine crash. The
+// cluster runs with fsync and full_page_writes off, because it lives only as
+// long as the process that started it; a machine crash loses it, which is
+// its purpose.
 package pgtemp

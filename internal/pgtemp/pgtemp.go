@@ -65,8 +65,16 @@ type Cluster struct {
 	// Port is the TCP port on 127.0.0.1.
 	Port int
 
+	cfg  Config
+	cred *syscall.Credential
+	data string
+
+	// mu guards cmd and exited, which a Restart replaces, and serializes
+	// Restart with Close.
+	mu        sync.Mutex
 	cmd       *exec.Cmd
 	exited    chan struct{}
+	closed    bool
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -173,7 +181,15 @@ func Start(ctx context.Context, cfg *Config) (*Cluster, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pgtemp: %w", err)
 		}
-		cl, err := startServer(ctx, &c, cred, dir, data, port)
+		cl := &Cluster{
+			URL:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+			Dir:  dir,
+			Port: port,
+			cfg:  c,
+			cred: cred,
+			data: data,
+		}
+		err = cl.startServer(ctx)
 		if err == nil {
 			ok = true
 			return cl, nil
@@ -186,11 +202,21 @@ func Start(ctx context.Context, cfg *Config) (*Cluster, error) {
 	return nil, lastErr
 }
 
-func startServer(ctx context.Context, c *Config, cred *syscall.Credential, dir, data string, port int) (*Cluster, error) {
+// startServer runs postgres on cl's data directory and port and waits until
+// it answers. The caller holds cl.mu or owns cl alone.
+//
+// fsync and full_page_writes are off: they protect against a machine crash
+// (and torn pages), which a throwaway cluster need not survive. A crash of
+// the server itself (Restart with StopImmediate) loses nothing committed:
+// synchronous_commit stays on, so a commit is acknowledged only once its WAL
+// is written to the operating system, which outlives the server's processes;
+// crash recovery replays it from there.
+func (cl *Cluster) startServer(ctx context.Context) error {
+	c, cred, dir, data, port := &cl.cfg, cl.cred, cl.Dir, cl.data, cl.Port
 	cmd := exec.Command(filepath.Join(c.BinDir, "postgres"),
 		"-D", data, "-p", strconv.Itoa(port), "-k", dir,
 		"-c", "listen_addresses=127.0.0.1",
-		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+		"-c", "fsync=off", "-c", "full_page_writes=off",
 		"-c", "max_connections=200")
 	// Pdeathsig: if our process dies without Close, the postmaster goes too
 	// (its backends follow it), rather than running on an orphaned port.
@@ -201,18 +227,13 @@ func startServer(ctx context.Context, c *Config, cred *syscall.Credential, dir, 
 	cmd.Stdout = io.MultiWriter(c.Log, &out)
 	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrStart, err)
+		return fmt.Errorf("%w: %v", ErrStart, err)
 	}
-	cl := &Cluster{
-		URL:    fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
-		Dir:    dir,
-		Port:   port,
-		cmd:    cmd,
-		exited: make(chan struct{}),
-	}
+	exited := make(chan struct{})
+	cl.cmd, cl.exited = cmd, exited
 	go func() {
 		_ = cmd.Wait()
-		close(cl.exited)
+		close(exited)
 	}()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -225,31 +246,89 @@ func startServer(ctx context.Context, c *Config, cred *syscall.Credential, dir, 
 		}
 		cancel()
 		if err == nil {
-			return cl, nil
+			return nil
 		}
 		select {
-		case <-cl.exited:
-			return nil, fmt.Errorf("%w: postgres exited: %s", ErrStart, out.lastLine())
+		case <-exited:
+			return fmt.Errorf("%w: postgres exited: %s", ErrStart, out.lastLine())
 		case <-ctx.Done():
 			cl.stop()
-			return nil, fmt.Errorf("%w: %v: %s", ErrStart, ctx.Err(), out.lastLine())
+			return fmt.Errorf("%w: %v: %s", ErrStart, ctx.Err(), out.lastLine())
 		case <-tick.C:
 		}
 	}
 }
 
+// StopMode is how Restart stops the server: pg_ctl's shutdown modes.
+type StopMode string
+
+const (
+	// StopImmediate: every server process quits at once, without a
+	// checkpoint, dropping its connections mid-statement; the next start
+	// runs crash recovery. A crash of the database server.
+	StopImmediate StopMode = "immediate"
+	// StopFast: sessions are rolled back and disconnected, then a
+	// checkpoint, then exit. A clean restart.
+	StopFast StopMode = "fast"
+)
+
+// ErrClosed is returned by Restart on a closed cluster.
+var ErrClosed = errors.New("pgtemp: cluster closed")
+
+// Restart stops the server with `pg_ctl stop -m mode` and starts it again
+// on the same port and data directory, waiting until it answers. Open
+// connections are dropped; new ones work once Restart returns. ctx bounds
+// the restart (the stop and the start).
+func (c *Cluster) Restart(ctx context.Context, mode StopMode) error {
+	if mode != StopImmediate && mode != StopFast {
+		return fmt.Errorf("pgtemp: Restart: unknown mode %q", mode)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartTimeout)
+	defer cancel()
+	pgctl := exec.CommandContext(ctx, filepath.Join(c.cfg.BinDir, "pg_ctl"), "stop", "-D", c.data, "-m", string(mode), "-w")
+	pgctl.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	pgctl.Dir = c.Dir
+	pgctl.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
+	if out, err := pgctl.CombinedOutput(); err != nil {
+		return fmt.Errorf("pgtemp: pg_ctl stop -m %s: %v: %s", mode, err, lastLine(out))
+	}
+	// pg_ctl -w returns once postmaster.pid is gone; the process itself is
+	// our child and exits at the same moment.
+	select {
+	case <-c.exited:
+	case <-ctx.Done():
+		return fmt.Errorf("pgtemp: postgres did not exit after pg_ctl stop: %w", ctx.Err())
+	}
+	return c.startServer(ctx)
+}
+
 // Close stops the server (fast shutdown: sessions are disconnected) and
-// deletes its directory. Safe to call twice.
+// deletes its directory. Safe to call twice, and during a Restart (it waits
+// for it).
 func (c *Cluster) Close() error {
 	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.closed = true
 		c.stop()
 		c.closeErr = os.RemoveAll(c.Dir)
 	})
 	return c.closeErr
 }
 
-// stop asks for a fast shutdown (SIGINT), and kills after 10 seconds.
+// stop asks for a fast shutdown (SIGINT), and kills after 10 seconds. The
+// caller holds c.mu or owns c alone.
 func (c *Cluster) stop() {
+	select {
+	case <-c.exited:
+		return // not running (a Restart whose start failed)
+	default:
+	}
 	_ = c.cmd.Process.Signal(syscall.SIGINT)
 	select {
 	case <-c.exited:

@@ -89,15 +89,19 @@ const (
 	// executes again (two-step claims with a zero lease; see httpapi's
 	// Config.UnsafeNoLease).
 	UnsafeLease = "lease"
+	// UnsafePublish: the relay loses one event, the first OrderConfirmed
+	// it publishes, reporting it published without producing it (see
+	// dropOnePublisher).
+	UnsafePublish = "publish"
 )
 
 // ErrBadUnsafe is an unknown BILLING_UNSAFE layer.
-var ErrBadUnsafe = errors.New("billing: BILLING_UNSAFE must be inbox, fingerprint or lease")
+var ErrBadUnsafe = errors.New("billing: BILLING_UNSAFE must be inbox, fingerprint, lease or publish")
 
 // ParseUnsafe checks a BILLING_UNSAFE value ("" means safe).
 func ParseUnsafe(s string) (string, error) {
 	switch s {
-	case "", UnsafeInbox, UnsafeFingerprint, UnsafeLease:
+	case "", UnsafeInbox, UnsafeFingerprint, UnsafeLease, UnsafePublish:
 		return s, nil
 	}
 	return "", fmt.Errorf("%w, got %q", ErrBadUnsafe, s)
@@ -174,8 +178,8 @@ type Config struct {
 	// 10s, less with a short ShutdownTimeout). Defaults to
 	// OutboxLeaseTTLDefault (60s).
 	OutboxLeaseTTL time.Duration
-	// Unsafe switches one protection off: UnsafeInbox, UnsafeFingerprint
-	// or UnsafeLease; for the chaos harness only. Defaults to "" (every
+	// Unsafe switches one protection off: UnsafeInbox, UnsafeFingerprint,
+	// UnsafeLease or UnsafePublish; for the chaos harness only. Defaults to "" (every
 	// protection on).
 	Unsafe string
 	// OnListening is called with the bound HTTP address. Defaults to nil.
@@ -344,9 +348,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return fmt.Errorf("billing: kafka producer: %w", err)
 		}
 		closers = append(closers, prodCl.Close)
-		pub, err := kafka.NewPublisher(prodCl, nil)
+		kpub, err := kafka.NewPublisher(prodCl, nil)
 		if err != nil {
 			return err
+		}
+		var pub outbox.Publisher = kpub
+		if cfg.Unsafe == UnsafePublish {
+			pub = &dropOnePublisher{next: kpub, log: log}
 		}
 		// The batch in hand must finish inside the relay's stage: its
 		// timeout is below the stage's budget.

@@ -5,18 +5,25 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/idemkit/idem/internal/faultproxy"
+	"github.com/idemkit/idem/internal/pgtemp"
 )
 
 // Metric names read from billing's /metrics (examples/billing) and
@@ -47,8 +54,17 @@ type run struct {
 	rep    *Report
 	logDir string
 
-	broker    *proc
-	paysim    *proc
+	broker *proc
+	paysim *proc
+	// pg is billing's own cluster (PGRestarts); pgProxy and kafkaProxy
+	// stand between billing and PostgreSQL and Kafka (NetCuts).
+	pg                  *pgtemp.Cluster
+	pgProxy, kafkaProxy *faultproxy.Proxy
+	// billingDB is billing's database as the harness reaches it (never
+	// through a proxy); brokers likewise for Kafka.
+	billingDB string
+	brokers   []string
+	pgLog     *os.File
 	instances []*proc
 	drv       *driver
 	scr       *scraper
@@ -58,6 +74,7 @@ type run struct {
 	violations []Violation
 
 	kills, terms, unclean, restarts, brokerRestarts atomic.Int64
+	pgRestarts, netCuts, netCutConns, startRetries  atomic.Int64
 	progress                                        *progress
 }
 
@@ -76,6 +93,7 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 	r := &run{cfg: c, rep: &Report{
 		Seed: c.Seed, Unsafe: c.Unsafe, Orders: c.Orders, Payments: c.Payments,
 		Instances: c.Instances, DropRate: c.DropRate, FailRate: c.FailRate,
+		ProduceFailRate: c.ProduceFailRate,
 	}}
 	tempWork := c.WorkDir == ""
 	if tempWork {
@@ -123,6 +141,10 @@ func (r *run) execute(ctx context.Context) error {
 	_, _ = rand.Read(b[:])
 	runID := "chaos" + hex.EncodeToString(b[:])
 
+	instanceDB, err := r.setupDatabase(ctx)
+	if err != nil {
+		return err
+	}
 	brokers := c.KafkaBrokers
 	if brokers == "" {
 		port, err := freePort()
@@ -130,18 +152,31 @@ func (r *run) execute(ctx context.Context) error {
 			return err
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(port)
-		r.broker, err = newProc("devkafka", c.IdemBin,
-			[]string{"devkafka", "--data-dir", filepath.Join(c.WorkDir, "kafka"), "--port", strconv.Itoa(port), "--partitions", "3"},
-			nil, addr, r.logDir, tcpReady(addr))
+		args := []string{"devkafka", "--data-dir", filepath.Join(c.WorkDir, "kafka"), "--port", strconv.Itoa(port), "--partitions", "3"}
+		brokers = addr
+		if c.NetCuts > 0 {
+			// Every client, billing's and the audit's, is seeded with the
+			// proxy and told by the broker's metadata to stay on it.
+			if r.kafkaProxy, err = faultproxy.Listen("127.0.0.1:0", addr); err != nil {
+				return err
+			}
+			args = append(args, "--advertise", r.kafkaProxy.Addr())
+			brokers = r.kafkaProxy.Addr()
+		}
+		if c.ProduceFailRate > 0 {
+			args = append(args, "--produce-fail-rate", strconv.FormatFloat(c.ProduceFailRate, 'f', -1, 64),
+				"--produce-fail-seed", strconv.FormatInt(c.Seed, 10))
+		}
+		r.broker, err = newProc("devkafka", c.IdemBin, args, nil, addr, r.logDir, tcpReady(addr))
 		if err != nil {
 			return err
 		}
-		r.progress.logf("starting devkafka on %s", addr)
+		r.progress.logf("starting devkafka on %s (brokers for billing: %s, produce failures %.0f%%)", addr, brokers, c.ProduceFailRate*100)
 		if err := r.broker.start(ctx); err != nil {
 			return err
 		}
-		brokers = addr
 	}
+	r.brokers = strings.Split(brokers, ",")
 
 	port, err := freePort()
 	if err != nil {
@@ -170,7 +205,7 @@ func (r *run) execute(ctx context.Context) error {
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(port)
 		env := []string{
-			"DATABASE_URL=" + c.DatabaseURL,
+			"DATABASE_URL=" + instanceDB,
 			"KAFKA_BROKERS=" + brokers,
 			"PAYMENT_URL=http://" + paddr,
 			"HTTP_ADDR=" + addr,
@@ -198,7 +233,7 @@ func (r *run) execute(ctx context.Context) error {
 	// topics, the others find them done.
 	for _, p := range r.instances {
 		r.progress.logf("starting %s on %s", p.name, p.addr)
-		if err := p.start(ctx); err != nil {
+		if err := r.startInstance(ctx, p); err != nil {
 			return err
 		}
 	}
@@ -272,29 +307,51 @@ func (r *run) scrapeLoop(ctx context.Context) {
 
 type event struct {
 	at   int64
-	kind string // "kill", "term", "broker"
+	kind string // "kill", "term", "broker", "pg", "net"
 }
 
 // chaos executes the seeded schedule: each event fires when the driver has
 // answered a random share (10%..85%) of the POSTs; events left when the
 // load ends fire at once, while billing is still draining its backlog.
-// Events run one after another, so at most one billing instance is down at
-// a time and the others keep serving.
+//
+// Two lanes run side by side: billing instances (kills and terms) and the
+// infrastructure (broker restarts, PostgreSQL crashes, network cuts). In
+// each lane events run one after another, so at most one billing instance
+// is down at a time and the others keep serving, and at most one
+// infrastructure fault is in progress; an instance may be restarting while
+// the database is down, as in production, and then retries its start.
 func (r *run) chaos(ctx context.Context, total int64, loadDone <-chan struct{}) error {
 	c := &r.cfg
 	rng := mrand.New(mrand.NewPCG(uint64(c.Seed), 0xc4a05))
-	var evs []event
-	add := func(n int, kind string) {
+	var inst, infra []event
+	add := func(lane *[]event, n int, kind string) {
 		for range n {
 			at := int64(float64(total) * (0.10 + 0.75*rng.Float64()))
-			evs = append(evs, event{at: at, kind: kind})
+			*lane = append(*lane, event{at: at, kind: kind})
 		}
 	}
-	add(c.Kills, "kill")
-	add(c.Terms, "term")
-	add(c.BrokerRestarts, "broker")
+	add(&inst, c.Kills, "kill")
+	add(&inst, c.Terms, "term")
+	add(&infra, c.BrokerRestarts, "broker")
+	add(&infra, c.PGRestarts, "pg")
+	add(&infra, c.NetCuts, "net")
+	errs := make(chan error, 2)
+	// The instance lane goes on with the schedule's generator: a seed
+	// without infrastructure faults then picks the same victims at the
+	// same moments as before the lanes existed, which the counterfactual
+	// tests' seeds rely on.
+	go func() {
+		errs <- r.lane(ctx, inst, rng, loadDone, r.instanceEvent)
+	}()
+	go func() {
+		errs <- r.lane(ctx, infra, mrand.New(mrand.NewPCG(uint64(c.Seed), 0x1a7e2)), loadDone, r.infraEvent)
+	}()
+	return errors.Join(<-errs, <-errs)
+}
+
+// lane fires evs in order of their moment with fire.
+func (r *run) lane(ctx context.Context, evs []event, rng *mrand.Rand, loadDone <-chan struct{}, fire func(context.Context, event, *mrand.Rand) error) error {
 	sort.SliceStable(evs, func(i, j int) bool { return evs[i].at < evs[j].at })
-	brokerSig := syscall.SIGKILL
 	for _, ev := range evs {
 		for r.drv.ops.Load() < ev.at {
 			select {
@@ -309,47 +366,146 @@ func (r *run) chaos(ctx context.Context, total int64, loadDone <-chan struct{}) 
 		if ctx.Err() != nil {
 			return nil
 		}
-		switch ev.kind {
-		case "broker":
-			r.progress.logf("broker: %s and restart", signame(brokerSig))
-			r.broker.stop(brokerSig, 30*time.Second)
-			sleep(ctx, time.Duration(200+rng.IntN(600))*time.Millisecond)
-			if err := r.broker.start(ctx); err != nil {
-				return err
-			}
-			r.brokerRestarts.Add(1)
-			if brokerSig == syscall.SIGKILL {
-				brokerSig = syscall.SIGTERM
-			} else {
-				brokerSig = syscall.SIGKILL
-			}
-		default:
-			p := r.instances[rng.IntN(len(r.instances))]
-			r.scr.scrape(ctx, p, "/metrics")
-			r.scr.freeze(p)
-			if ev.kind == "kill" {
-				r.progress.logf("%s: SIGKILL", p.name)
-				p.stop(syscall.SIGKILL, 30*time.Second)
-				r.kills.Add(1)
-			} else {
-				r.progress.logf("%s: SIGTERM", p.name)
-				code, forced := p.stop(syscall.SIGTERM, c.ShutdownTimeout+5*time.Second)
-				r.terms.Add(1)
-				if code != 0 || forced {
-					r.unclean.Add(1)
-					r.progress.logf("%s: SIGTERM ended with exit %d (killed after grace: %v)", p.name, code, forced)
-				}
-			}
-			sleep(ctx, time.Duration(100+rng.IntN(700))*time.Millisecond)
-			if err := p.start(ctx); err != nil {
-				return err
-			}
-			r.scr.thaw(p)
-			r.restarts.Add(1)
-			r.progress.logf("%s: restarted", p.name)
+		if err := fire(ctx, ev, rng); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+func (r *run) instanceEvent(ctx context.Context, ev event, rng *mrand.Rand) error {
+	c := &r.cfg
+	p := r.instances[rng.IntN(len(r.instances))]
+	r.scr.scrape(ctx, p, "/metrics")
+	r.scr.freeze(p)
+	if ev.kind == "kill" {
+		r.progress.logf("%s: SIGKILL", p.name)
+		p.stop(syscall.SIGKILL, 30*time.Second)
+		r.kills.Add(1)
+	} else {
+		r.progress.logf("%s: SIGTERM", p.name)
+		code, forced := p.stop(syscall.SIGTERM, c.ShutdownTimeout+5*time.Second)
+		r.terms.Add(1)
+		if code != 0 || forced {
+			r.unclean.Add(1)
+			r.progress.logf("%s: SIGTERM ended with exit %d (killed after grace: %v)", p.name, code, forced)
+		}
+	}
+	sleep(ctx, time.Duration(100+rng.IntN(700))*time.Millisecond)
+	if err := r.startInstance(ctx, p); err != nil {
+		return err
+	}
+	r.scr.thaw(p)
+	r.restarts.Add(1)
+	r.progress.logf("%s: restarted", p.name)
+	return nil
+}
+
+func (r *run) infraEvent(ctx context.Context, ev event, rng *mrand.Rand) error {
+	switch ev.kind {
+	case "broker":
+		sig := syscall.SIGKILL
+		if r.brokerRestarts.Load()%2 == 1 {
+			sig = syscall.SIGTERM
+		}
+		r.progress.logf("broker: %s and restart", signame(sig))
+		r.broker.stop(sig, 30*time.Second)
+		sleep(ctx, time.Duration(200+rng.IntN(600))*time.Millisecond)
+		if err := r.broker.start(ctx); err != nil {
+			return err
+		}
+		r.brokerRestarts.Add(1)
+	case "pg":
+		r.progress.logf("postgres: pg_ctl stop -m immediate and restart")
+		if err := r.pg.Restart(ctx, pgtemp.StopImmediate); err != nil {
+			return fmt.Errorf("chaos: restart PostgreSQL: %w", err)
+		}
+		r.pgRestarts.Add(1)
+		r.progress.logf("postgres: restarted")
+	case "net":
+		// Every other cut comes after a stall: the connections hang first,
+		// as over a partition, then are reset.
+		var stall time.Duration
+		if r.netCuts.Load()%2 == 1 {
+			stall = time.Duration(300+rng.IntN(1700)) * time.Millisecond
+			r.pgProxy.Stall(stall)
+			r.kafkaProxy.Stall(stall)
+			sleep(ctx, stall)
+		}
+		n := r.pgProxy.Cut() + r.kafkaProxy.Cut()
+		r.netCuts.Add(1)
+		r.netCutConns.Add(int64(n))
+		if stall > 0 {
+			r.progress.logf("network: reset %d connections to PostgreSQL and Kafka after a %v stall", n, stall)
+		} else {
+			r.progress.logf("network: reset %d connections to PostgreSQL and Kafka", n)
+		}
+	}
+	sleep(ctx, time.Duration(200+rng.IntN(600))*time.Millisecond)
+	return nil
+}
+
+// startInstance starts a billing instance, retrying when it exits during
+// its start: an instance started while PostgreSQL is down or a cut drops
+// its connection fails its migration or its first query and exits, and is
+// started again, as a supervisor would. Every retry is counted.
+func (r *run) startInstance(ctx context.Context, p *proc) error {
+	var err error
+	for attempt := range startAttempts {
+		if attempt > 0 {
+			r.startRetries.Add(1)
+			r.progress.logf("%s: start failed (%v); retrying", p.name, err)
+			if !sleep(ctx, time.Duration(attempt)*500*time.Millisecond) {
+				return ctx.Err()
+			}
+		}
+		if err = p.start(ctx); err == nil || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// startAttempts bounds startInstance: an instance that cannot start this
+// many times in a row is a failed run, not a fault to ride out.
+const startAttempts = 8
+
+// setupDatabase gives billing its database: a throwaway cluster of its own
+// when PostgreSQL is to be crashed, else DatabaseURL. It returns the URL
+// the instances get (through the fault proxy with NetCuts) and sets
+// r.billingDB to the direct one, for the audit.
+func (r *run) setupDatabase(ctx context.Context) (string, error) {
+	c := &r.cfg
+	r.billingDB = c.DatabaseURL
+	if c.PGRestarts > 0 {
+		f, err := os.OpenFile(filepath.Join(r.logDir, "postgres.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			return "", fmt.Errorf("chaos: %w", err)
+		}
+		r.pgLog = f
+		r.progress.logf("starting a throwaway PostgreSQL cluster for billing")
+		if r.pg, err = pgtemp.Start(ctx, &pgtemp.Config{Log: f}); err != nil {
+			return "", err
+		}
+		r.billingDB = r.pg.URL
+	}
+	if c.NetCuts == 0 {
+		return r.billingDB, nil
+	}
+	u, err := url.Parse(r.billingDB)
+	if err != nil {
+		return "", fmt.Errorf("chaos: database URL: %w", err)
+	}
+	target := u.Host
+	if u.Port() == "" {
+		target = net.JoinHostPort(u.Hostname(), "5432")
+	}
+	if r.pgProxy, err = faultproxy.Listen("127.0.0.1:0", target); err != nil {
+		return "", err
+	}
+	u.Host = r.pgProxy.Addr()
+	r.progress.logf("billing reaches PostgreSQL through %s", r.pgProxy.Addr())
+	return u.String(), nil
 }
 
 // quiesce waits until every confirmed order and accepted payment is
@@ -418,6 +574,16 @@ func (r *run) quiesce(ctx context.Context) (map[string]string, error) {
 		}
 		sleep(ctx, 700*time.Millisecond)
 	}
+	// The relays must have delivered every event: the Kafka audit reads
+	// the topics next, and an event still PENDING then would be reported
+	// lost (as it is when the relays never get to it before the deadline).
+	for ctx.Err() == nil {
+		n, err := outboxBacklog(ctx, r.billingDB)
+		if err == nil && n == 0 {
+			break
+		}
+		sleep(ctx, 500*time.Millisecond)
+	}
 	return statuses, nil
 }
 
@@ -471,6 +637,10 @@ func (r *run) fillReport() {
 	rep.UncleanTerms = int(r.unclean.Load())
 	rep.Restarts = int(r.restarts.Load())
 	rep.BrokerRestarts = int(r.brokerRestarts.Load())
+	rep.PGRestarts = int(r.pgRestarts.Load())
+	rep.NetCuts = int(r.netCuts.Load())
+	rep.NetCutConns = int(r.netCutConns.Load())
+	rep.StartRetries = int(r.startRetries.Load())
 	rep.Stopped.HTTPReplays = d.replays.Load()
 	rep.Stopped.HTTPInProgress = d.inProgress.Load()
 	rep.Stopped.Fingerprint = d.reuseRejected.Load()
@@ -511,6 +681,37 @@ func (r *run) audit(ctx context.Context, statuses map[string]string) error {
 	for _, v := range res.violations {
 		r.violation(v)
 	}
+	return r.auditKafka(ctx)
+}
+
+// auditKafka checks every outbox event against the topics (checkKafka).
+// The outbox table is complete: billing's relay keeps PUBLISHED rows for
+// outbox.RetentionDefault (7 days) before purging them, far longer than a
+// run.
+func (r *run) auditKafka(ctx context.Context) error {
+	rows, err := loadOutbox(ctx, r.billingDB)
+	if err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	var topics []string
+	for _, row := range rows {
+		if !seen[row.Topic] {
+			seen[row.Topic] = true
+			topics = append(topics, row.Topic)
+		}
+	}
+	sort.Strings(topics)
+	recs, err := readTopics(ctx, r.brokers, topics)
+	if err != nil {
+		return err
+	}
+	res := checkKafka(rows, recs)
+	r.rep.KafkaEvents, r.rep.KafkaAggregates = res.events, res.aggregates
+	r.rep.KafkaRecords, r.rep.KafkaRedelivered, r.rep.KafkaRetried = res.records, res.redelivered, res.retried
+	for _, v := range res.violations {
+		r.violation(v)
+	}
 	return nil
 }
 
@@ -529,6 +730,17 @@ func (r *run) stopAll() {
 	}
 	if r.broker != nil {
 		r.broker.close(10 * time.Second)
+	}
+	for _, p := range []*faultproxy.Proxy{r.pgProxy, r.kafkaProxy} {
+		if p != nil {
+			_ = p.Close()
+		}
+	}
+	if r.pg != nil {
+		_ = r.pg.Close()
+	}
+	if r.pgLog != nil {
+		_ = r.pgLog.Close()
 	}
 }
 

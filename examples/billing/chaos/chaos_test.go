@@ -106,6 +106,51 @@ func TestChaosUnsafeKeyIsCaught(t *testing.T) {
 	}
 }
 
+// The faults below the processes, through the CLI as an operator runs
+// them: produce requests partly failing, billing's PostgreSQL crashed, and
+// every connection from billing to PostgreSQL and Kafka reset, beside a
+// kill and a term. Nothing may be charged twice or lost, and every outbox
+// event must reach its topic with each aggregate's first deliveries in
+// order. (On a relay that marks a failed event published this run fails
+// with lost-event violations.)
+func TestChaosInfrastructureFaults(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(needBilling(t), "chaos", "--json",
+		"--orders", "50", "--payments", "25", "--instances", "3", "--kills", "1", "--terms", "1",
+		"--broker-restarts", "0", "--drop-rate", "0.1", "--fail-rate", "0",
+		"--produce-fail-rate", "0.2", "--pg-restarts", "2", "--net-cuts", "3",
+		"--seed", "3", "--duration", "12s", "--quiescence", "2m")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+testdb.URL(), "IDEM_BIN="+needIdem(t), "KAFKA_BROKERS=")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	runErr := cmd.Run()
+	var rep Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("stdout is not one JSON report (%v): %v\n%s", runErr, err, stderr.String())
+	}
+	if rep.WorkDir != "" {
+		defer os.RemoveAll(rep.WorkDir)
+	}
+	var out strings.Builder
+	rep.WriteText(&out)
+	t.Log(out.String())
+	if runErr != nil || !rep.Pass {
+		t.Fatalf("exit %v, pass %v\n%s", runErr, rep.Pass, stderr.String())
+	}
+	if rep.PGRestarts != 2 || rep.NetCuts != 3 || rep.NetCutConns == 0 || rep.Kills != 1 || rep.Terms != 1 {
+		t.Errorf("faults not carried out: %d PostgreSQL crashes, %d cuts resetting %d connections, %d kills, %d terms",
+			rep.PGRestarts, rep.NetCuts, rep.NetCutConns, rep.Kills, rep.Terms)
+	}
+	// 75 orders (25 carry the payments), 50 confirmed: an OrderConfirmed
+	// and a ChargeRequested each, and a ChargeRequested per payment.
+	if rep.KafkaEvents != 125 || rep.KafkaAggregates != 75 || rep.KafkaRecords < rep.KafkaEvents {
+		t.Errorf("kafka audit checked %d events of %d aggregates in %d records, want 125 of 75", rep.KafkaEvents, rep.KafkaAggregates, rep.KafkaRecords)
+	}
+	if rep.KafkaRetried == 0 {
+		t.Error("no outbox event had a failed publish: the produce failures were not exercised")
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	ok := Config{IdemBin: "i", BillingBin: "b", DatabaseURL: "d"}
@@ -122,6 +167,10 @@ func TestConfigValidate(t *testing.T) {
 		{"broker restarts with external kafka", func(c *Config) { c.KafkaBrokers, c.BrokerRestarts = "k:9092", 1 }, "BrokerRestarts"},
 		{"drop rate 1", func(c *Config) { c.DropRate = 1 }, "DropRate"},
 		{"unknown unsafe layer", func(c *Config) { c.Unsafe = "everything" }, "Unsafe"},
+		{"negative pg restarts", func(c *Config) { c.PGRestarts = -1 }, "PGRestarts"},
+		{"net cuts with external kafka", func(c *Config) { c.KafkaBrokers, c.NetCuts = "k:9092", 1 }, "NetCuts"},
+		{"produce failures with external kafka", func(c *Config) { c.KafkaBrokers, c.ProduceFailRate = "k:9092", 0.1 }, "ProduceFailRate"},
+		{"produce fail rate 1", func(c *Config) { c.ProduceFailRate = 1 }, "ProduceFailRate"},
 	}
 	for _, tt := range testCases {
 		t.Run(tt.name, func(t *testing.T) {
@@ -143,10 +192,11 @@ func TestCLIFlags(t *testing.T) {
 	run := func(args ...string) (string, string, int) { return testbin.Run(t, bin, nil, args...) }
 	for _, c := range []string{"chaos", "demo"} {
 		out, _, code := run(c, "--help")
-		if code != 0 || !strings.Contains(out, "-unsafe") || !strings.Contains(out, "Usage: billing "+c) {
+		if code != 0 || !strings.Contains(out, "-unsafe") || !strings.Contains(out, "-net-cuts") || !strings.Contains(out, "Usage: billing "+c) {
 			t.Errorf("%s --help: exit %d, %q", c, code, out)
 		}
-		for _, args := range [][]string{{"--bogus"}, {"--unsafe", "everything"}, {"--drop-rate", "1.5"}, {"--instances", "1", "--kills", "2"}, {"extra"}} {
+		for _, args := range [][]string{{"--bogus"}, {"--unsafe", "everything"}, {"--drop-rate", "1.5"}, {"--instances", "1", "--kills", "2"}, {"extra"},
+			{"--produce-fail-rate", "1"}, {"--pg-restarts", "-1"}, {"--net-cuts", "-2"}} {
 			_, stderr, code := run(append([]string{c}, args...)...)
 			if code != 2 || strings.Count(stderr, "\n") != 1 {
 				t.Errorf("%s %v: exit %d, stderr %q; want 2 and one line", c, args, code, stderr)

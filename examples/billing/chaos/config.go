@@ -27,7 +27,15 @@ const (
 	// concurrent duplicate of a POST executes again. It needs
 	// DuplicateRate to show.
 	UnsafeLease = "lease"
+	// UnsafePublish asks billing's relay to skip one event
+	// (BILLING_UNSAFE=publish: the first OrderConfirmed each relay sees is
+	// reported published without being produced): the Kafka audit must name
+	// it lost.
+	UnsafePublish = "publish"
 )
+
+// unsafeLayers lists the Unsafe values, for messages.
+const unsafeLayers = "key, inbox, fingerprint, lease or publish"
 
 // Defaults of Config.
 const (
@@ -89,11 +97,29 @@ type Config struct {
 	DropRate float64
 	// FailRate: paysim fails before charging. Defaults to 0.
 	FailRate float64
-	// Seed drives every random choice: the driver's, the chaos schedule's
-	// and paysim's. Defaults to a seed from the clock (reported).
+	// ProduceFailRate: the devkafka child answers this share of produce
+	// partition-requests with a non-retriable error (a partial produce
+	// failure when a batch spans partitions). Defaults to 0; needs the
+	// devkafka child.
+	ProduceFailRate float64
+	// PGRestarts: billing runs on a throwaway PostgreSQL cluster of its own
+	// (package pgtemp; paysim stays on DatabaseURL), crashed with pg_ctl
+	// stop -m immediate and restarted this many times during the load.
+	// Defaults to 0 (billing on DatabaseURL).
+	PGRestarts int
+	// NetCuts: billing reaches PostgreSQL and Kafka through TCP fault
+	// proxies (internal/faultproxy; devkafka advertises its proxy), and
+	// every open connection of both is reset this many times during the
+	// load, every other time after a stall of up to 2s. Defaults to 0;
+	// needs the devkafka child.
+	NetCuts int
+	// Seed drives every random choice: the driver's, the chaos schedule's,
+	// paysim's and devkafka's produce failures. Defaults to a seed from the
+	// clock (reported).
 	Seed int64
 	// Unsafe switches off one protection: "", UnsafeKey, UnsafeInbox,
-	// UnsafeFingerprint or UnsafeLease. Defaults to "" (all on).
+	// UnsafeFingerprint, UnsafeLease or UnsafePublish. Defaults to "" (all
+	// on).
 	Unsafe string
 
 	// Concurrency is the number of driver workers. Defaults to
@@ -206,12 +232,18 @@ func (c *Config) validate() error {
 		return bad("Orders and Payments are both 0")
 	case c.Instances < 1, c.Instances > 32:
 		return bad("Instances %d out of range 1..32", c.Instances)
-	case c.Kills < 0, c.Terms < 0, c.BrokerRestarts < 0:
-		return bad("Kills, Terms and BrokerRestarts must not be negative")
+	case c.Kills < 0, c.Terms < 0, c.BrokerRestarts < 0, c.PGRestarts < 0, c.NetCuts < 0:
+		return bad("Kills, Terms, BrokerRestarts, PGRestarts and NetCuts must not be negative")
 	case (c.Kills > 0 || c.Terms > 0) && c.Instances < 2:
 		return bad("Kills and Terms need Instances >= 2 (one always serves)")
 	case c.BrokerRestarts > 0 && c.KafkaBrokers != "":
 		return bad("BrokerRestarts needs the devkafka child (KafkaBrokers empty)")
+	case c.NetCuts > 0 && c.KafkaBrokers != "":
+		return bad("NetCuts needs the devkafka child (KafkaBrokers empty): the broker must advertise the proxy")
+	case c.ProduceFailRate > 0 && c.KafkaBrokers != "":
+		return bad("ProduceFailRate needs the devkafka child (KafkaBrokers empty)")
+	case c.ProduceFailRate < 0, c.ProduceFailRate >= 1:
+		return bad("ProduceFailRate %v out of range [0,1)", c.ProduceFailRate)
 	case c.DropRate < 0, c.DropRate >= 1:
 		return bad("DropRate %v out of range [0,1)", c.DropRate)
 	case c.FailRate < 0, c.FailRate >= 1:
@@ -224,9 +256,9 @@ func (c *Config) validate() error {
 		return bad("Concurrency %d < 1", c.Concurrency)
 	}
 	switch c.Unsafe {
-	case "", UnsafeKey, UnsafeInbox, UnsafeFingerprint, UnsafeLease:
+	case "", UnsafeKey, UnsafeInbox, UnsafeFingerprint, UnsafeLease, UnsafePublish:
 	default:
-		return bad("Unsafe %q: want key, inbox, fingerprint or lease", c.Unsafe)
+		return bad("Unsafe %q: want %s", c.Unsafe, unsafeLayers)
 	}
 	return nil
 }

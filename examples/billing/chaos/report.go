@@ -12,7 +12,8 @@ import (
 type Violation struct {
 	// Kind is one of: double-charge, lost-charge, failed-but-charged,
 	// orphan-charge, not-final, replay-differs, key-reuse-accepted,
-	// unexpected-status, bad-response, no-final-answer.
+	// unexpected-status, bad-response, no-final-answer, lost-event,
+	// reordered-event, misrouted-event.
 	Kind    string `json:"kind"`
 	Subject string `json:"subject"`
 	Detail  string `json:"detail"`
@@ -50,6 +51,8 @@ type Report struct {
 	Instances int     `json:"instances"`
 	DropRate  float64 `json:"drop_rate"`
 	FailRate  float64 `json:"fail_rate"`
+	// ProduceFailRate is devkafka's share of failed produce partitions.
+	ProduceFailRate float64 `json:"produce_fail_rate"`
 
 	// Operations is POSTs that reached a final answer; Requests is HTTP
 	// attempts (retries and duplicates included).
@@ -71,6 +74,14 @@ type Report struct {
 	UncleanTerms   int `json:"unclean_terms"`
 	Restarts       int `json:"restarts"`
 	BrokerRestarts int `json:"broker_restarts"`
+	// PGRestarts: crashes (immediate stop) and restarts of billing's
+	// PostgreSQL. NetCuts: resets of every connection through the fault
+	// proxies, NetCutConns the connections they reset. StartRetries:
+	// billing starts that failed (database down or cut) and were retried.
+	PGRestarts   int `json:"pg_restarts"`
+	NetCuts      int `json:"net_cuts"`
+	NetCutConns  int `json:"net_cut_connections"`
+	StartRetries int `json:"start_retries"`
 
 	Stopped Layers `json:"duplicates_stopped"`
 
@@ -86,6 +97,15 @@ type Report struct {
 	Charged          int `json:"charged"`
 	Failed           int `json:"failed"`
 	LedgerCharges    int `json:"ledger_charges"`
+	// KafkaEvents and KafkaAggregates are the outbox events and aggregates
+	// checked against the topics; KafkaRecords the records of this run read
+	// back, KafkaRedelivered those beyond each event's first copy.
+	KafkaEvents      int `json:"kafka_events"`
+	KafkaAggregates  int `json:"kafka_aggregates"`
+	KafkaRecords     int `json:"kafka_records"`
+	KafkaRedelivered int `json:"kafka_redelivered"`
+	// KafkaRetried is the outbox events whose publish failed at least once.
+	KafkaRetried int `json:"kafka_retried"`
 
 	Violations []Violation `json:"violations"`
 	Pass       bool        `json:"pass"`
@@ -116,13 +136,15 @@ func (r *Report) WriteText(w io.Writer) {
 		mode = "UNSAFE: " + r.Unsafe + " protection off"
 	}
 	fmt.Fprintf(w, "\nchaos run, seed %d (%s)\n", r.Seed, mode)
-	fmt.Fprintf(w, "  load        %d orders, %d payments, %d instances, paysim drop %.0f%% fail %.0f%%\n",
-		r.Orders, r.Payments, r.Instances, r.DropRate*100, r.FailRate*100)
+	fmt.Fprintf(w, "  load        %d orders, %d payments, %d instances, paysim drop %.0f%% fail %.0f%%, produce fail %.0f%%\n",
+		r.Orders, r.Payments, r.Instances, r.DropRate*100, r.FailRate*100, r.ProduceFailRate*100)
 	fmt.Fprintf(w, "  operations  %d POSTs answered in %d requests: %d retries, %d answers dropped by the client, %d concurrent duplicates\n",
 		r.Operations, r.Requests, r.ClientRetries, r.ClientDrops, r.Duplicates)
 	fmt.Fprintf(w, "  failures    %d transport errors, %d 5xx seen by the client\n", r.TransportErrors, r.Status5xx)
-	fmt.Fprintf(w, "  chaos       %d SIGKILL, %d SIGTERM (%d unclean), %d restarts, %d broker restarts\n",
-		r.Kills, r.Terms, r.UncleanTerms, r.Restarts, r.BrokerRestarts)
+	fmt.Fprintf(w, "  chaos       %d SIGKILL, %d SIGTERM (%d unclean), %d restarts (%d start retries), %d broker restarts\n",
+		r.Kills, r.Terms, r.UncleanTerms, r.Restarts, r.StartRetries, r.BrokerRestarts)
+	fmt.Fprintf(w, "              %d PostgreSQL crashes (immediate), %d network cuts (%d connections reset)\n",
+		r.PGRestarts, r.NetCuts, r.NetCutConns)
 	fmt.Fprintf(w, "  stopped     HTTP key: %d replays + %d in-progress 409s seen by the client (%s replays counted by billing)\n",
 		r.Stopped.HTTPReplays, r.Stopped.HTTPInProgress, unk(r.Stopped.HTTPServerReplays))
 	fmt.Fprintf(w, "              fingerprint: %d of %d reused keys refused; inbox: %s redeliveries skipped; provider key: %s charges replayed\n",
@@ -131,6 +153,8 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  time        load %.1fs, quiescence %.1fs\n", r.LoadSeconds, r.QuiescenceSeconds)
 	fmt.Fprintf(w, "  audit       %d confirmed orders + %d payments: %d CHARGED, %d FAILED; %d ledger charges\n",
 		r.ConfirmedOrders, r.AcceptedPayments, r.Charged, r.Failed, r.LedgerCharges)
+	fmt.Fprintf(w, "  kafka       %d outbox events of %d aggregates (%d had a failed publish) checked against %d records (%d redeliveries): each on its topic, first deliveries in aggregate order\n",
+		r.KafkaEvents, r.KafkaAggregates, r.KafkaRetried, r.KafkaRecords, r.KafkaRedelivered)
 	if len(r.Violations) > 0 {
 		kinds := map[string]int{}
 		for _, v := range r.Violations {
@@ -157,7 +181,7 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "NOTE: with the %s protection off the audit found nothing: this run did not exercise it (or billing ignores BILLING_UNSAFE)\n", r.Unsafe)
 	}
 	if r.Pass {
-		fmt.Fprintf(w, "PASS: every confirmed order and payment charged exactly once, nothing lost, every replay identical\n")
+		fmt.Fprintf(w, "PASS: every confirmed order and payment charged exactly once, nothing lost, every replay identical, every event delivered in order\n")
 	} else {
 		fmt.Fprintf(w, "FAIL: %d violations\n", len(r.Violations))
 	}

@@ -52,6 +52,15 @@ func TestChaosUnsafeLayersAreCaught(t *testing.T) {
 				LoadDuration: 8 * time.Second},
 			want: []string{"double-charge", "orphan-charge"},
 		},
+		{
+			// The relay of each instance reports its first OrderConfirmed
+			// published without producing it: the Kafka audit must name
+			// the event lost (its order is never charged either, so the
+			// quiescence wait is short).
+			name: UnsafePublish,
+			cfg:  Config{Orders: 6, Payments: 2, Instances: 2, LoadDuration: 2 * time.Second, Quiescence: 15 * time.Second},
+			want: []string{"lost-event"},
+		},
 	}
 	for _, tt := range testCases {
 		t.Run(tt.name, func(t *testing.T) {
@@ -66,7 +75,9 @@ func TestChaosUnsafeLayersAreCaught(t *testing.T) {
 			// A kill that lands while a restarted instance is joining its
 			// groups can leave kfake's group rebalancing for a while: not
 			// a violation, only a slower quiescence.
-			cfg.Quiescence = 2 * time.Minute
+			if cfg.Quiescence == 0 {
+				cfg.Quiescence = 2 * time.Minute
+			}
 			rep, err := Run(ctx, &cfg)
 			if err != nil {
 				t.Fatalf("run: %v\n%s", err, log.String())
@@ -83,6 +94,10 @@ func TestChaosUnsafeLayersAreCaught(t *testing.T) {
 			found := false
 			for _, v := range rep.Violations {
 				found = found || slices.Contains(tt.want, v.Kind)
+				// A lost event is named: its id and its aggregate.
+				if v.Kind == "lost-event" && (!strings.HasPrefix(v.Subject, "event ") || !strings.Contains(v.Detail, "order ord_") || !strings.Contains(v.Detail, "PUBLISHED")) {
+					t.Errorf("lost-event does not name the event and its order: %+v", v)
+				}
 			}
 			if !found {
 				t.Fatalf("no %v among the violations %+v", tt.want, rep.Violations)
