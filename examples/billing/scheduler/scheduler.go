@@ -40,7 +40,7 @@ func New(db DB, pub outbox.Publisher, batchTimeout, leaseTTL time.Duration, log 
 	if err != nil {
 		return nil, err
 	}
-	purger, err := inbox.NewPurger(db, &inbox.PurgerConfig{OnError: func(err error) { log.Warn("inbox purge", "error", err) }})
+	purger, err := inbox.NewPurger(db, &inbox.PurgerConfig{Logger: log})
 	if err != nil {
 		return nil, err
 	}
