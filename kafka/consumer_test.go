@@ -191,14 +191,6 @@ func (b *consBundle) consCommitted(t *testing.T) int64 {
 	return sum
 }
 
-func (b *consBundle) consProcessedRows(t *testing.T) int {
-	t.Helper()
-	var n int
-	if err := b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM processed_event`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
 
 // TestConsumerRebalanceExactlyOnce: member A consumes while records keep
 // arriving; member B joins mid-stream and takes partitions over. Each
@@ -595,5 +587,48 @@ func TestConsumerStopHandsPartitionsToLiveMember(t *testing.T) {
 	b.consAssertExactlyOnce(t, total)
 	if handledA.Load() != doneA {
 		t.Fatalf("A handled records after Stop returned")
+	}
+}
+
+// TestConsumerDeadLetterErrorHeaderCut: a handler error of 5000 bytes
+// reaches the dead-letter topic cut to consume.DeadLetterErrorMaxBytes, so
+// that the copy of a record stays close to the record's size; the hook
+// sees the whole error.
+func TestConsumerDeadLetterErrorHeaderCut(t *testing.T) {
+	t.Parallel()
+	b := consSetup(t, 1)
+	long := "invalid: " + strings.Repeat("ü", 2500)
+	var hookErr atomic.Value
+	b.consStart(t, func(context.Context, pgx.Tx, *kgo.Record) error {
+		return kafka.Permanent(errors.New(long))
+	}, func(cfg *kafka.ConsumerConfig) {
+		cfg.Hook = func(ctx context.Context, e kafka.ConsumerEvent) context.Context {
+			if e.Kind == consume.KindDeadLettered {
+				hookErr.Store(e.Err.Error())
+				if kafka.RecordOf(e) == nil || string(kafka.RecordOf(e).Value) != "0" {
+					t.Errorf("RecordOf(dead-lettered event) = %v", kafka.RecordOf(e))
+				}
+			}
+			return ctx
+		}
+	})
+	b.consProduce(t, 0, 1)
+	dl := b.kc.ReadAll(t, b.topic+kafka.DeadLetterSuffixDefault, 1, 30*time.Second)
+	var got string
+	for _, h := range dl[0].Headers {
+		if h.Key == kafka.HeaderDeadLetterError {
+			got = string(h.Value)
+		}
+	}
+	if len(got) > consume.DeadLetterErrorMaxBytes || !strings.HasPrefix(long, strings.TrimSuffix(got, "…")) || !strings.HasSuffix(got, "…") {
+		t.Errorf("dlq-error header: %d bytes, %q…", len(got), got[:min(40, len(got))])
+	}
+	// The hook runs right after the produce returned: poll for it.
+	deadline := time.Now().Add(30 * time.Second)
+	for hookErr.Load() == nil && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // polling interval
+	}
+	if s, _ := hookErr.Load().(string); s != long {
+		t.Errorf("hook error: %d bytes, want the whole %d", len(s), len(long))
 	}
 }
