@@ -632,3 +632,67 @@ func TestConsumerDeadLetterErrorHeaderCut(t *testing.T) {
 		t.Errorf("hook error: %d bytes, want the whole %d", len(s), len(long))
 	}
 }
+
+// TestConsumerStuckDeadLetter is the stuck case through kafka's own API
+// (the kit runs it on the bare driver): the dead-letter topic is missing
+// (kfake does not create topics), so the poison on partition 0 is reported
+// stuck through the hook after DeadLetterAttempts, partition 1 goes on,
+// and Stop returns.
+func TestConsumerStuckDeadLetter(t *testing.T) {
+	t.Parallel()
+	b := consSetup(t, 2)
+	prod := b.kc.Client(t, kgo.DefaultProduceTopic(b.topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	var stuck, failed atomic.Int64
+	h := func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
+		if string(rec.Value) == "poison" {
+			return kafka.Permanent(errors.New("poison"))
+		}
+		return consEffectHandler("A")(ctx, tx, rec)
+	}
+	c, err := kafka.NewConsumer(b.db.Pool, h, b.consConfig(func(cfg *kafka.ConsumerConfig) {
+		cfg.DeadLetterTopic = "missing.dlq"
+		cfg.DeadLetterAttempts, cfg.DeadLetterTimeout, cfg.BackoffMax = 2, 2*time.Second, 100*time.Millisecond
+		cfg.Hook = func(ctx context.Context, e kafka.ConsumerEvent) context.Context {
+			switch e.Kind {
+			case consume.KindStuck:
+				stuck.Add(1)
+			case consume.KindDeadLetterFailed:
+				failed.Add(1)
+			}
+			return ctx
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rec := func(p int32, id, v string) *kgo.Record {
+		return &kgo.Record{Partition: p, Value: []byte(v), Headers: []kgo.RecordHeader{{Key: kafka.HeaderEventID, Value: []byte(id)}}}
+	}
+	if err := prod.ProduceSync(context.Background(), rec(0, "poison", "poison"), rec(0, "ev-after", "after")).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for stuck.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no stuck event in 60s (%d dead-letter failures)", failed.Load())
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval
+	}
+	if err := prod.ProduceSync(context.Background(), rec(1, "ev-0", "p1")).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	b.consWaitEffects(t, 1, 30*time.Second)
+	var after int
+	_ = b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM cons_effect WHERE event_id = 'ev-after'`).Scan(&after)
+	if after != 0 || stuck.Load() != 1 || failed.Load() < 2 {
+		t.Errorf("ev-after handled %d times (want 0), %d stuck events (want 1), %d dead-letter failures (want >= 2)", after, stuck.Load(), failed.Load())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.Stop(ctx); err != nil {
+		t.Fatalf("Stop with a stuck record: %v", err)
+	}
+}
