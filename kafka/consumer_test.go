@@ -191,7 +191,6 @@ func (b *consBundle) consCommitted(t *testing.T) int64 {
 	return sum
 }
 
-
 // TestConsumerRebalanceExactlyOnce: member A consumes while records keep
 // arriving; member B joins mid-stream and takes partitions over. Each
 // event's effect is recorded exactly once, and both members did work.
