@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/failpoint"
 	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/lifecycle"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -481,3 +482,9 @@ func TestSeen(t *testing.T) {
 var quiet = slog.New(slog.DiscardHandler)
 
 func contains(err error, s string) bool { return err != nil && strings.Contains(err.Error(), s) }
+
+// The purger is a lifecycle component as it is: no adapter.
+var (
+	_ lifecycle.Component   = (*inbox.Purger)(nil)
+	_ lifecycle.HardStopper = (*inbox.Purger)(nil)
+)

@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testkafka"
 	"github.com/idemkit/idem/kafka"
+	"github.com/idemkit/idem/lifecycle"
 )
 
 // consBundle is one consumer test's world.
@@ -695,3 +696,9 @@ func TestConsumerStuckDeadLetter(t *testing.T) {
 		t.Fatalf("Stop with a stuck record: %v", err)
 	}
 }
+
+// The consumer is a lifecycle component as it is: no adapter.
+var (
+	_ lifecycle.Component   = (*kafka.Consumer)(nil)
+	_ lifecycle.HardStopper = (*kafka.Consumer)(nil)
+)
