@@ -1,6 +1,16 @@
 // Package inbox deduplicates incoming events for a consumer: one row per
 // (consumer_id, event_id) in processed_event, written by MarkProcessedTx in
-// the handler's own transaction.
+// the handler's own transaction. Package consume runs the whole consumer
+// loop on it (with a broker driver such as package kafka's); use inbox
+// directly for a consumer of your own.
+//
+// # Database seams
+//
+// A function whose name ends in Tx (MarkProcessedTx, MarkProcessedBatchTx,
+// SeenTx) takes a pgx.Tx: it writes or reads inside the caller's
+// transaction, and the name is the promise. Seen, Purge and NewPurger take
+// a DBTX (Exec, Query, QueryRow: a pool in practice), on which each
+// statement commits on its own.
 //
 // # Guarantee
 //
@@ -20,14 +30,16 @@
 //     event id instead, and let a worker make the call with that key.
 //   - Rows are purged after a retention window (Purge, Purger): a duplicate
 //     arriving later than that is processed again.
+//   - Seen and SeenTx only read: a false answer can be stale by the time
+//     the caller acts on it. MarkProcessedTx alone decides.
 //   - The event id must identify the event, not the delivery: use the id
 //     the producer assigned (the outbox's event-id header).
 //
 // # The two SQL forms
 //
 // FormDoNothing is INSERT … ON CONFLICT DO NOTHING judged by rows affected;
-// FormDoUpdate is the article's INSERT … ON CONFLICT DO UPDATE … RETURNING
-// (xmax = 0). Both answer the same (TestFormsAgreeUnderRace). On a repeat,
+// FormDoUpdate is INSERT … ON CONFLICT DO UPDATE … RETURNING (xmax = 0), the
+// form often shown for this pattern because it returns a row either way. Both answer the same (TestFormsAgreeUnderRace). On a repeat,
 // DO UPDATE writes a new row version (a dead tuple for vacuum, WAL, and a
 // row lock held to the end of the transaction); DO NOTHING reads the
 // conflicting row and writes nothing, so a transaction that only found a
@@ -46,5 +58,5 @@
 // no row lock that a concurrent redelivery would queue behind. Duplicates
 // are exactly what a restart or rebalance produces in bulk, so that is the
 // case to optimise. DO UPDATE stays available for callers that want the
-// row back (RETURNING) or the article's form verbatim.
+// row back (RETURNING).
 package inbox

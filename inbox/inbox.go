@@ -11,8 +11,11 @@ import (
 	"github.com/idemkit/idem/inbox/internal/dbsqlc"
 )
 
-// DBTX is what MarkProcessedTx needs: a pgx.Tx in practice. It is the same
-// shape as sqlc's generated DBTX, so a sqlc Queries' transaction fits.
+// DBTX runs statements: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx. It is
+// what Seen, Purge and NewPurger need (each statement commits on its own
+// when given a pool), and the same shape as sqlc's generated DBTX. The
+// functions whose name ends in Tx take a pgx.Tx instead: their name is the
+// promise that they write inside the caller's transaction.
 type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -88,7 +91,7 @@ var defaultInbox = &Inbox{form: FormDefault}
 // MarkProcessedTx records that consumerID has processed eventID, in tx, and
 // reports whether this is the first time. It is MarkProcessedTx of an Inbox
 // with the default Form.
-func MarkProcessedTx(ctx context.Context, tx DBTX, consumerID, eventID string) (first bool, err error) {
+func MarkProcessedTx(ctx context.Context, tx pgx.Tx, consumerID, eventID string) (first bool, err error) {
 	return defaultInbox.MarkProcessedTx(ctx, tx, consumerID, eventID)
 }
 
@@ -106,7 +109,7 @@ func MarkProcessedTx(ctx context.Context, tx DBTX, consumerID, eventID string) (
 // first == true per committed row.
 //
 // ctx governs the statement.
-func (ib *Inbox) MarkProcessedTx(ctx context.Context, tx DBTX, consumerID, eventID string) (first bool, err error) {
+func (ib *Inbox) MarkProcessedTx(ctx context.Context, tx pgx.Tx, consumerID, eventID string) (first bool, err error) {
 	if consumerID == "" {
 		return false, ErrEmptyConsumerID
 	}
@@ -132,7 +135,7 @@ func (ib *Inbox) MarkProcessedTx(ctx context.Context, tx DBTX, consumerID, event
 // first[i] tells whether eventIDs[i] is seen for the first time. An id that
 // appears twice in eventIDs is first at most at its earliest position. The
 // same atomicity and concurrency rules as MarkProcessedTx apply to each id.
-func (ib *Inbox) MarkProcessedBatchTx(ctx context.Context, tx DBTX, consumerID string, eventIDs []string) (first []bool, err error) {
+func (ib *Inbox) MarkProcessedBatchTx(ctx context.Context, tx pgx.Tx, consumerID string, eventIDs []string) (first []bool, err error) {
 	if consumerID == "" {
 		return nil, ErrEmptyConsumerID
 	}
@@ -180,4 +183,38 @@ func (ib *Inbox) MarkProcessedBatchTx(ctx context.Context, tx DBTX, consumerID s
 		}
 	}
 	return first, nil
+}
+
+// SeenTx reports whether consumerID's processed_event row for eventID is
+// visible in tx: committed by another transaction (as of tx's snapshot
+// under REPEATABLE READ, as of the statement under READ COMMITTED), or
+// written earlier in tx itself. It only reads: it neither writes nor locks,
+// so it is no substitute for MarkProcessedTx, which alone decides whether
+// the event is new. Use it to skip work that must not run inside a
+// transaction for an event already processed (a consumer's Prepare step).
+func SeenTx(ctx context.Context, tx pgx.Tx, consumerID, eventID string) (bool, error) {
+	return seen(ctx, tx, consumerID, eventID)
+}
+
+// Seen is SeenTx outside a transaction: one statement on db (a pool), which
+// sees every row committed before it started and none in progress. An
+// answer of false can be stale by the time the caller acts on it (another
+// consumer may be committing the event right now): decide in
+// MarkProcessedTx.
+func Seen(ctx context.Context, db DBTX, consumerID, eventID string) (bool, error) {
+	return seen(ctx, db, consumerID, eventID)
+}
+
+func seen(ctx context.Context, db DBTX, consumerID, eventID string) (bool, error) {
+	if consumerID == "" {
+		return false, ErrEmptyConsumerID
+	}
+	if eventID == "" {
+		return false, ErrEmptyEventID
+	}
+	ok, err := dbsqlc.New(db).Seen(ctx, dbsqlc.SeenParams{ConsumerID: consumerID, EventID: eventID})
+	if err != nil {
+		return false, fmt.Errorf("inbox: read %s/%s: %w", consumerID, eventID, err)
+	}
+	return ok, nil
 }

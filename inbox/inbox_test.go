@@ -4,16 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/failpoint"
 	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/lifecycle"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -91,12 +97,15 @@ func TestMarkProcessedTxDefaultAndBadInput(t *testing.T) {
 		{"empty event", "c", "", inbox.ErrEmptyEventID},
 	}
 	for _, tt := range testCases {
-		if _, err := inbox.MarkProcessedTx(ctx, db.Pool, tt.consumer, tt.event); !errors.Is(err, tt.want) {
+		if _, err := inTx(t, db, func(tx pgx.Tx) (bool, error) { return inbox.MarkProcessedTx(ctx, tx, tt.consumer, tt.event) }); !errors.Is(err, tt.want) {
 			t.Errorf("%s: err = %v, want %v", tt.name, err, tt.want)
 		}
 	}
 	ib := newInbox(t, inbox.FormDoUpdate)
-	if _, err := ib.MarkProcessedBatchTx(ctx, db.Pool, "c", []string{"a", ""}); !errors.Is(err, inbox.ErrEmptyEventID) {
+	if _, err := inTx(t, db, func(tx pgx.Tx) (bool, error) {
+		_, err := ib.MarkProcessedBatchTx(ctx, tx, "c", []string{"a", ""})
+		return false, err
+	}); !errors.Is(err, inbox.ErrEmptyEventID) {
 		t.Errorf("batch with empty id: err = %v", err)
 	}
 	if _, err := inbox.New(&inbox.Config{Form: "sideways"}); !errors.Is(err, inbox.ErrInvalidConfig) {
@@ -106,13 +115,26 @@ func TestMarkProcessedTxDefaultAndBadInput(t *testing.T) {
 	if err != nil || ib.Form() != inbox.FormDefault {
 		t.Fatalf("New(nil) = %v, %v", ib, err)
 	}
-	first, err := inbox.MarkProcessedTx(ctx, db.Pool, "c", "e")
+	mark := func(tx pgx.Tx) (bool, error) { return inbox.MarkProcessedTx(ctx, tx, "c", "e") }
+	first, err := inTx(t, db, mark)
 	if err != nil || !first {
 		t.Fatalf("package MarkProcessedTx = %v, %v", first, err)
 	}
-	if first, _ = inbox.MarkProcessedTx(ctx, db.Pool, "c", "e"); first {
+	if first, _ = inTx(t, db, mark); first {
 		t.Fatal("package MarkProcessedTx repeat: first = true")
 	}
+}
+
+// inTx runs fn in a transaction that commits unless fn fails.
+func inTx(t testing.TB, db *testdb.DB, fn func(tx pgx.Tx) (bool, error)) (bool, error) {
+	t.Helper()
+	var res bool
+	err := pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error {
+		var err error
+		res, err = fn(tx)
+		return err
+	})
+	return res, err
 }
 
 func TestMarkProcessedBatchTx(t *testing.T) {
@@ -127,16 +149,22 @@ func TestMarkProcessedBatchTx(t *testing.T) {
 				t.Fatal("setup")
 			}
 			ids := []string{"a", "old", "b", "a", "c", "b"}
-			first, err := ib.MarkProcessedBatchTx(ctx, db.Pool, "c", ids)
-			if err != nil {
+			var first, again []bool
+			batch := func(out *[]bool) func(pgx.Tx) (bool, error) {
+				return func(tx pgx.Tx) (bool, error) {
+					var err error
+					*out, err = ib.MarkProcessedBatchTx(ctx, tx, "c", ids)
+					return false, err
+				}
+			}
+			if _, err := inTx(t, db, batch(&first)); err != nil {
 				t.Fatal(err)
 			}
 			want := []bool{true, false, true, false, true, false}
 			if fmt.Sprint(first) != fmt.Sprint(want) {
 				t.Fatalf("first = %v, want %v", first, want)
 			}
-			again, err := ib.MarkProcessedBatchTx(ctx, db.Pool, "c", ids)
-			if err != nil || fmt.Sprint(again) != fmt.Sprint(make([]bool, len(ids))) {
+			if _, err := inTx(t, db, batch(&again)); err != nil || fmt.Sprint(again) != fmt.Sprint(make([]bool, len(ids))) {
 				t.Fatalf("second batch = %v, %v; want all false", again, err)
 			}
 		})
@@ -253,38 +281,210 @@ func TestPurgerStartStop(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
 	ctx := context.Background()
-	if _, err := inbox.NewPurger(db.Pool, &inbox.PurgerConfig{BatchSize: -1}); !errors.Is(err, inbox.ErrInvalidConfig) || !contains(err, "BatchSize") {
+	if _, err := inbox.NewPurger(db.Pool, &inbox.PurgerConfig{PurgeBatchSize: -1}); !errors.Is(err, inbox.ErrInvalidConfig) || !contains(err, "PurgeBatchSize") {
 		t.Fatalf("bad config: %v", err)
 	}
-	p, err := inbox.NewPurger(db.Pool, &inbox.PurgerConfig{Retention: time.Hour, Interval: time.Hour, BatchSize: 2})
+	if _, err := inbox.NewPurger(nil, nil); !errors.Is(err, inbox.ErrInvalidConfig) {
+		t.Fatalf("nil db: %v", err)
+	}
+	p, err := inbox.NewPurger(db.Pool, &inbox.PurgerConfig{Retention: time.Hour, PurgeInterval: time.Hour, PurgeBatchSize: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Stop(ctx); err != nil {
 		t.Fatalf("Stop before Start: %v", err)
 	}
-	p, _ = inbox.NewPurger(db.Pool, &inbox.PurgerConfig{Retention: time.Hour, Interval: time.Hour, BatchSize: 2})
-	if _, err := db.Pool.Exec(ctx, `
-		INSERT INTO processed_event (consumer_id, event_id, processed_at)
-		SELECT 'c', 'old' || g, now() - interval '2 hours' FROM generate_series(1, 7) g`); err != nil {
-		t.Fatal(err)
+	if err := p.HardStop(ctx); err != nil {
+		t.Fatalf("HardStop before Start: %v", err)
 	}
-	passes := make(chan int64)
-	p.SetPassHook(passes)
+	insertOld := func(prefix string) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, `
+			INSERT INTO processed_event (consumer_id, event_id, processed_at)
+			SELECT 'c', $1 || g, now() - interval '2 hours' FROM generate_series(1, 7) g`, prefix); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insertOld("old")
+	passes := make(chan inbox.PurgeEvent, 10)
+	begun := make(chan struct{}, 10)
+	type spanKey struct{}
+	p, _ = inbox.NewPurger(db.Pool, &inbox.PurgerConfig{
+		Retention: time.Hour, PurgeInterval: time.Hour, PurgeBatchSize: 2,
+		Hook: func(ctx context.Context, e inbox.PurgeEvent) context.Context {
+			switch e.Kind {
+			case inbox.PurgeBegin:
+				begun <- struct{}{}
+				return context.WithValue(ctx, spanKey{}, "span")
+			case inbox.PurgeDone, inbox.PurgeFailed:
+				if ctx.Value(spanKey{}) != "span" {
+					t.Errorf("%s: the ctx of PurgeBegin's hook did not reach the pass", e.Kind)
+				}
+				passes <- e
+			}
+			return ctx
+		},
+	})
 	if err := p.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Start(ctx); err != nil {
 		t.Fatalf("second Start: %v", err)
 	}
-	if n := <-passes; n != 7 {
-		t.Fatalf("first pass purged %d, want 7", n)
+	if e := <-passes; e.Kind != inbox.PurgeDone || e.Deleted != 7 || e.Err != nil {
+		t.Fatalf("first pass = %+v, want done, 7 deleted", e)
 	}
 	for range 2 {
 		if err := p.Stop(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// Start after Stop is a fresh run: it purges again at once.
+	insertOld("again")
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e := <-passes; e.Deleted != 7 {
+		t.Fatalf("pass of the second run deleted %d, want 7", e.Deleted)
+	}
+	if err := p.HardStop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(begun); n != 2 {
+		t.Fatalf("%d passes began, want 2", n)
+	}
 }
 
+// TestPurgerFailedPass: a pass that fails (the table is gone) is reported
+// through the hook as PurgeFailed with the error, and the purger goes on.
+func TestPurgerFailedPass(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `DROP TABLE processed_event`); err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan inbox.PurgeEvent, 10)
+	p, err := inbox.NewPurger(db.Pool, &inbox.PurgerConfig{
+		PurgeInterval: time.Millisecond, Logger: quiet,
+		Hook: func(ctx context.Context, e inbox.PurgeEvent) context.Context {
+			if e.Kind != inbox.PurgeBegin {
+				select {
+				case events <- e:
+				default:
+				}
+			}
+			return ctx
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop(ctx)
+	for range 2 { // the second failure shows the loop went on
+		if e := <-events; e.Kind != inbox.PurgeFailed || e.Err == nil || !strings.Contains(e.Err.Error(), "processed_event") {
+			t.Fatalf("event %+v, want purge-failed naming processed_event", e)
+		}
+	}
+}
+
+// TestPurgeMidBatchFailpoint runs this test binary again with the
+// purge-mid-batch failpoint armed to fail: Purge stops right after its
+// first batch committed, with that batch's rows deleted and no others.
+func TestPurgeMidBatchFailpoint(t *testing.T) {
+	t.Parallel()
+	if os.Getenv("INBOX_PURGE_CHILD") != "" {
+		return // run by the parent below; see purgeChild
+	}
+	db := testdb.New(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO processed_event (consumer_id, event_id, processed_at)
+		SELECT 'c', 'old' || g, now() - interval '10 days' FROM generate_series(1, 10) g`); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPurgeMidBatchChild$", "-test.v")
+	cmd.Env = append(os.Environ(), "INBOX_PURGE_CHILD="+db.URL, failpoint.EnvVar+"="+failpoint.PurgeMidBatch+"=error")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "idem-failpoint: hit "+failpoint.PurgeMidBatch+" error") || !strings.Contains(string(out), "purged=3 injected=true") {
+		t.Fatalf("child output:\n%s", out)
+	}
+	var left int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM processed_event`).Scan(&left); err != nil || left != 7 {
+		t.Fatalf("rows left = %d (%v), want 7: one batch of 3 deleted and committed", left, err)
+	}
+}
+
+// TestPurgeMidBatchChild is the child of TestPurgeMidBatchFailpoint.
+func TestPurgeMidBatchChild(t *testing.T) {
+	url := os.Getenv("INBOX_PURGE_CHILD")
+	if url == "" {
+		return // only as TestPurgeMidBatchFailpoint's child
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	n, err := inbox.Purge(ctx, pool, time.Now(), 3)
+	fmt.Printf("purged=%d injected=%v\n", n, errors.Is(err, failpoint.ErrInjected))
+}
+
+func TestSeen(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	if ok, err := inbox.Seen(ctx, db.Pool, "c", "e1"); err != nil || ok {
+		t.Fatalf("Seen before any mark = %v, %v", ok, err)
+	}
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := inbox.MarkProcessedTx(ctx, tx, "c", "e1"); err != nil {
+		t.Fatal(err)
+	}
+	// Inside the marking transaction the row is visible; outside it is not
+	// until the commit.
+	if ok, err := inbox.SeenTx(ctx, tx, "c", "e1"); err != nil || !ok {
+		t.Fatalf("SeenTx in the marking tx = %v, %v", ok, err)
+	}
+	if ok, err := inbox.Seen(ctx, db.Pool, "c", "e1"); err != nil || ok {
+		t.Fatalf("Seen of an uncommitted mark = %v, %v", ok, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := inbox.Seen(ctx, db.Pool, "c", "e1"); err != nil || !ok {
+		t.Fatalf("Seen after commit = %v, %v", ok, err)
+	}
+	if ok, _ := inbox.Seen(ctx, db.Pool, "other", "e1"); ok {
+		t.Fatal("Seen for another consumer = true")
+	}
+	for _, tt := range []struct {
+		consumer, event string
+		want            error
+	}{{"", "e", inbox.ErrEmptyConsumerID}, {"c", "", inbox.ErrEmptyEventID}} {
+		if _, err := inbox.Seen(ctx, db.Pool, tt.consumer, tt.event); !errors.Is(err, tt.want) {
+			t.Errorf("Seen(%q, %q) err = %v, want %v", tt.consumer, tt.event, err, tt.want)
+		}
+	}
+}
+
+var quiet = slog.New(slog.DiscardHandler)
+
 func contains(err error, s string) bool { return err != nil && strings.Contains(err.Error(), s) }
+
+// The purger is a lifecycle component as it is: no adapter.
+var (
+	_ lifecycle.Component   = (*inbox.Purger)(nil)
+	_ lifecycle.HardStopper = (*inbox.Purger)(nil)
+)

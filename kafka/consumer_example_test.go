@@ -2,36 +2,43 @@ package kafka_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemkit/idem/consume"
+	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/kafka"
+	"github.com/idemkit/idem/migrate"
 	"github.com/idemkit/idem/outbox"
 )
 
-// The article's billing consumer. The handler makes no HTTP call: inside
-// the consumer's transaction it records two facts, "OrderConfirmed was
-// processed" (done by the Consumer: processed_event) and "a charge is
-// ordered" (an outbox row whose idempotency key is the event id +
-// ":billing"). A separate worker makes the payment call with that key, so a
-// repeated call is recognised by the provider, and the transaction never
-// waits on the network.
+// The billing consumer of the reference service. The handler makes no HTTP
+// call: inside the consumer's transaction it records two facts, "this
+// OrderConfirmed was processed" (done by the Consumer: processed_event) and
+// "a charge is ordered" (an outbox row whose idempotency key is the event
+// id + ":billing"). A separate worker makes the payment call with that key,
+// so a repeated call is recognised by the provider, and the transaction
+// never waits on the network. The event is published twice here, as a
+// relay that crashed before marking it published would: the second copy
+// is a duplicate and orders nothing.
 func ExampleNewConsumer() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer pool.Close()
+	// In a service: a pgxpool.Pool on DATABASE_URL (migrated with package
+	// migrate) and your brokers. Here: a scratch schema of the test
+	// database and an in-process kfake broker.
+	pool, done := consumerExampleDB(ctx)
+	defer done()
+	cluster, _ := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders.events"))
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
 
 	type orderConfirmed struct {
 		OrderID    string `json:"order_id"`
@@ -53,7 +60,7 @@ func ExampleNewConsumer() {
 			Topic:         "billing.commands",
 			AggregateType: "order",
 			AggregateID:   ev.OrderID,
-			EventID:       key, // a redelivery could not enqueue twice anyway
+			EventID:       key,
 			EventType:     "ChargeRequested",
 			Payload:       payload,
 			Headers:       map[string]string{"idempotency-key": key},
@@ -61,11 +68,19 @@ func ExampleNewConsumer() {
 		return err
 	}
 
+	settled := make(chan struct{}, 10)
 	c, err := kafka.NewConsumer(pool, handle, &kafka.ConsumerConfig{
-		Brokers: []string{"127.0.0.1:9092"},
+		Brokers: brokers,
 		Group:   "billing-service",
 		Topics:  []string{"orders.events"},
-		Batch:   true,
+		Hook: func(ctx context.Context, e kafka.ConsumerEvent) context.Context {
+			switch e.Kind {
+			case consume.KindProcessed, consume.KindDuplicate:
+				fmt.Println(e.EventID, e.Kind)
+				settled <- struct{}{}
+			}
+			return ctx
+		},
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -75,13 +90,64 @@ func ExampleNewConsumer() {
 		fmt.Println(err)
 		return
 	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
-	<-sig
-	// Finish the record in hand, commit, leave the group.
+
+	prod, _ := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("orders.events"))
+	defer prod.Close()
+	rec := func() *kgo.Record {
+		return &kgo.Record{
+			Key:     []byte("order-42"),
+			Value:   []byte(`{"order_id":"42","customer_id":"c1","total_kopecks":1000}`),
+			Headers: []kgo.RecordHeader{{Key: kafka.HeaderEventID, Value: []byte("ev-7f3a")}},
+		}
+	}
+	if err := prod.ProduceSync(ctx, rec(), rec()).FirstErr(); err != nil {
+		fmt.Println(err)
+		return
+	}
+	for range 2 {
+		<-settled
+	}
+
+	// SIGTERM in a service (package lifecycle): finish the record in hand,
+	// commit the offsets, leave the group.
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := c.Stop(stopCtx); err != nil {
 		fmt.Println("stop:", err)
+	}
+	var n int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE event_type = 'ChargeRequested'`).Scan(&n)
+	fmt.Println("charges ordered:", n)
+	// Output:
+	// ev-7f3a processed
+	// ev-7f3a duplicate
+	// charges ordered: 1
+}
+
+// consumerExampleDB is a migrated scratch schema of the test database,
+// dropped by the returned func.
+func consumerExampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := "example_" + hex.EncodeToString(b[:])
+	admin, err := pgx.Connect(ctx, testdb.URL())
+	if err != nil {
+		panic(err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		panic(err)
+	}
+	url, _ := testdb.WithSchema(testdb.URL(), schema)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		panic(err)
+	}
+	if _, err := migrate.Up(ctx, pool); err != nil {
+		panic(err)
+	}
+	return pool, func() {
+		pool.Close()
+		_, _ = admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+		_ = admin.Close(ctx)
 	}
 }

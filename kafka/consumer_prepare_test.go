@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemkit/idem/consume"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/kafka"
 )
@@ -20,12 +21,12 @@ import (
 // txCounter is the real pool, instrumented: it counts the consumer's
 // transactions that are open (begun, not yet committed or rolled back).
 type txCounter struct {
-	kafka.Beginner
+	consume.DB
 	open atomic.Int64
 }
 
 func (c *txCounter) Begin(ctx context.Context) (pgx.Tx, error) {
-	tx, err := c.Beginner.Begin(ctx)
+	tx, err := c.DB.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -95,11 +96,11 @@ func TestConsumerPrepare(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	db := &txCounter{Beginner: b.db.Pool}
+	db := &txCounter{DB: b.db.Pool}
 	var calls prepareCalls
 	var openDuringPrepare atomic.Int64
 	var mu sync.Mutex
-	outcomes := map[string]kafka.Outcome{}
+	outcomes := map[string]consume.Kind{}
 	handler := func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
 		v, _ := kafka.PreparedFromContext(ctx).(string)
 		_, err := tx.Exec(ctx, `INSERT INTO cons_effect (event_id, member, value) VALUES ($1, 'A', $2)`, kafka.EventIDFromContext(ctx), v)
@@ -111,11 +112,11 @@ func TestConsumerPrepare(t *testing.T) {
 			openDuringPrepare.Add(db.open.Load())
 			return "prepared-" + string(rec.Value), nil
 		}
-		cfg.OnProcessed = func(ctx context.Context, _ *kgo.Record, o kafka.Outcome) {
+		cfg.Hook = onOutcome(func(ctx context.Context, k consume.Kind) {
 			mu.Lock()
 			defer mu.Unlock()
-			outcomes[kafka.EventIDFromContext(ctx)] = o
-		}
+			outcomes[kafka.EventIDFromContext(ctx)] = k
+		})
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -152,9 +153,9 @@ func TestConsumerPrepare(t *testing.T) {
 	defer mu.Unlock()
 	for i := range 20 {
 		id := fmt.Sprintf("ev-%d", i)
-		wantCalls, wantOutcome := 1, kafka.OutcomeHandled
+		wantCalls, wantOutcome := 1, consume.KindProcessed
 		if i < 5 {
-			wantCalls, wantOutcome = 0, kafka.OutcomeDuplicate
+			wantCalls, wantOutcome = 0, consume.KindDuplicate
 		}
 		if got := calls.get(id); got != wantCalls {
 			t.Errorf("%s: Prepare called %d times, want %d", id, got, wantCalls)
@@ -248,7 +249,7 @@ func TestConsumerPrepareWithBatchRejected(t *testing.T) {
 		Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}, Batch: true,
 		Prepare: func(context.Context, *kgo.Record) (any, error) { return nil, nil },
 	})
-	if !errors.Is(err, kafka.ErrConsumerConfig) || !strings.Contains(err.Error(), "Prepare") {
-		t.Fatalf("err %v, want ErrConsumerConfig naming Prepare", err)
+	if !errors.Is(err, kafka.ErrInvalidConfig) || !strings.Contains(err.Error(), "Prepare") {
+		t.Fatalf("err %v, want ErrInvalidConfig naming Prepare", err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemkit/idem/consume"
 	"github.com/idemkit/idem/internal/cli"
 	"github.com/idemkit/idem/kafka"
 	"github.com/idemkit/idem/migrate"
@@ -123,19 +124,19 @@ func benchInboxProduce(ctx context.Context, addrs []string, topic string, partit
 // record's latency is the life of the transaction that committed it (the
 // runner processes on one goroutine, so there is one current transaction).
 type benchBeginner struct {
-	db    kafka.Beginner
+	consume.DB
 	begun atomic.Int64
 }
 
 func (b *benchBeginner) Begin(ctx context.Context) (pgx.Tx, error) {
 	b.begun.Store(time.Now().UnixNano())
-	return b.db.Begin(ctx)
+	return b.DB.Begin(ctx)
 }
 
 // benchInboxRun consumes the whole topic with a fresh group and consumer id
 // and returns the figures from the first transaction to the last record.
-func benchInboxRun(ctx context.Context, db kafka.Beginner, addrs []string, topic, name string, batch bool, n int) (benchResult, error) {
-	bb := &benchBeginner{db: db}
+func benchInboxRun(ctx context.Context, db consume.DB, addrs []string, topic, name string, batch bool, n int) (benchResult, error) {
+	bb := &benchBeginner{DB: db}
 	var (
 		mu        sync.Mutex
 		latencies = make([]float64, 0, n)
@@ -155,7 +156,10 @@ func benchInboxRun(ctx context.Context, db kafka.Beginner, addrs []string, topic
 		Topics:     []string{topic},
 		Batch:      batch,
 		Logger:     slog.New(slog.DiscardHandler),
-		OnProcessed: func(_ context.Context, _ *kgo.Record, o kafka.Outcome) {
+		Hook: func(ctx context.Context, e kafka.ConsumerEvent) context.Context {
+			if e.Kind != consume.KindProcessed && e.Kind != consume.KindDuplicate && e.Kind != consume.KindDeadLettered {
+				return ctx
+			}
 			now := time.Now()
 			mu.Lock()
 			defer mu.Unlock()
@@ -164,6 +168,7 @@ func benchInboxRun(ctx context.Context, db kafka.Beginner, addrs []string, topic
 				end = now
 				close(done)
 			}
+			return ctx
 		},
 	})
 	if err != nil {

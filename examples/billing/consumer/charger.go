@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemkit/idem/consume"
 	"github.com/idemkit/idem/examples/billing/adapters/out/postgres"
 	"github.com/idemkit/idem/examples/billing/usecase"
 	"github.com/idemkit/idem/kafka"
@@ -19,11 +20,11 @@ import (
 
 // Charge worker defaults.
 const (
-	ChargeGroupDefault     = "billing-charger"
-	CallTimeoutDefault     = 20 * time.Second
-	RetryBackoffDefault    = 200 * time.Millisecond
-	RetryBackoffMaxDefault = 5 * time.Second
-	ChargeMaxPollDefault   = 100
+	ChargeGroupDefault   = "billing-charger"
+	CallTimeoutDefault   = 20 * time.Second
+	BackoffMinDefault    = 200 * time.Millisecond
+	BackoffMaxDefault    = 5 * time.Second
+	ChargeMaxPollDefault = 100
 )
 
 // ChargeWorkerConfig configures a ChargeWorker.
@@ -36,12 +37,13 @@ type ChargeWorkerConfig struct {
 	// CallTimeout bounds one charge call, its retries included. Defaults
 	// to CallTimeoutDefault (20s).
 	CallTimeout time.Duration
-	// RetryBackoff is the first pause after an unknown outcome or a
-	// database error; it doubles up to RetryBackoffMax (kafka.Consumer's
-	// backoff, which a soft stop ends). Defaults to
-	// RetryBackoffDefault (200ms) and RetryBackoffMaxDefault (5s).
-	RetryBackoff    time.Duration
-	RetryBackoffMax time.Duration
+	// BackoffMin is the ceiling of the first pause after an unknown
+	// outcome or a database error; it doubles up to BackoffMax, with full
+	// jitter (kafka.Consumer's backoff, which a soft stop ends). Defaults
+	// to BackoffMinDefault (200ms).
+	BackoffMin time.Duration
+	// BackoffMax caps the pause. Defaults to BackoffMaxDefault (5s).
+	BackoffMax time.Duration
 	// OnSettled is called once per command whose outcome committed, with
 	// the target ("order", "payment") and "charged" or "failed". Defaults
 	// to nil.
@@ -86,9 +88,13 @@ type ChargeWorkerConfig struct {
 // provider answers from its idempotency store, nothing is charged twice. A
 // crash after 3 redelivers a record whose processed_event row exists: step
 // 1 skips it.
+//
+// ChargeWorker is a kafka.Consumer: Start, Stop (the record in hand
+// finishes: call and transaction, unless it waits between attempts) and
+// HardStop (the call in hand is cancelled; the record stays uncommitted
+// and is redelivered later with the same key) are the consumer's.
 type ChargeWorker struct {
-	c   *kafka.Consumer
-	log *slog.Logger
+	*kafka.Consumer
 }
 
 // chargeAttemptsUnbounded is the worker's kafka.ConsumerConfig.MaxAttempts:
@@ -99,7 +105,7 @@ const chargeAttemptsUnbounded = math.MaxInt32
 type skipped struct{}
 
 // NewChargeWorker validates cfg; nothing connects until Start.
-func NewChargeWorker(db kafka.Beginner, gw usecase.PaymentGateway, cfg *ChargeWorkerConfig) (*ChargeWorker, error) {
+func NewChargeWorker(db consume.DB, gw usecase.PaymentGateway, cfg *ChargeWorkerConfig) (*ChargeWorker, error) {
 	c := ChargeWorkerConfig{}
 	if cfg != nil {
 		c = *cfg
@@ -111,7 +117,7 @@ func NewChargeWorker(db kafka.Beginner, gw usecase.PaymentGateway, cfg *ChargeWo
 		return nil, errors.New("billing: charge worker: gateway is nil")
 	case len(c.Brokers) == 0:
 		return nil, errors.New("billing: charge worker: Brokers is empty")
-	case c.CallTimeout < 0 || c.RetryBackoff < 0 || c.RetryBackoffMax < 0:
+	case c.CallTimeout < 0 || c.BackoffMin < 0 || c.BackoffMax < 0:
 		return nil, errors.New("billing: charge worker: negative duration in config")
 	}
 	if c.Group == "" {
@@ -120,11 +126,11 @@ func NewChargeWorker(db kafka.Beginner, gw usecase.PaymentGateway, cfg *ChargeWo
 	if c.CallTimeout == 0 {
 		c.CallTimeout = CallTimeoutDefault
 	}
-	if c.RetryBackoff == 0 {
-		c.RetryBackoff = RetryBackoffDefault
+	if c.BackoffMin == 0 {
+		c.BackoffMin = BackoffMinDefault
 	}
-	if c.RetryBackoffMax == 0 {
-		c.RetryBackoffMax = RetryBackoffMaxDefault
+	if c.BackoffMax == 0 {
+		c.BackoffMax = BackoffMaxDefault
 	}
 	log := c.Logger
 	if log == nil {
@@ -166,13 +172,13 @@ func NewChargeWorker(db kafka.Beginner, gw usecase.PaymentGateway, cfg *ChargeWo
 		}
 		return usecase.RecordCharge(ctx, postgres.New(tx), r.cmd, r.outcome)
 	}
-	onProcessed := func(ctx context.Context, _ *kgo.Record, o kafka.Outcome) {
-		switch o {
-		case kafka.OutcomeDuplicate:
+	hook := func(ctx context.Context, e kafka.ConsumerEvent) context.Context {
+		switch e.Kind {
+		case consume.KindDuplicate:
 			if c.OnDuplicate != nil {
 				c.OnDuplicate()
 			}
-		case kafka.OutcomeHandled:
+		case consume.KindProcessed:
 			r, ok := kafka.PreparedFromContext(ctx).(chargeResult)
 			if ok && c.OnSettled != nil {
 				name := "charged"
@@ -182,19 +188,20 @@ func NewChargeWorker(db kafka.Beginner, gw usecase.PaymentGateway, cfg *ChargeWo
 				c.OnSettled(r.cmd.Target, name)
 			}
 		}
+		return ctx
 	}
 	kcfg := &kafka.ConsumerConfig{
-		Brokers:         c.Brokers,
-		Group:           c.Group,
-		Topics:          []string{usecase.TopicBillingCommands},
-		MaxPollRecords:  ChargeMaxPollDefault,
-		MaxAttempts:     chargeAttemptsUnbounded,
-		RetryBackoff:    c.RetryBackoff,
-		RetryBackoffMax: c.RetryBackoffMax,
-		Prepare:         prepare,
-		OnProcessed:     onProcessed,
-		Logger:          log,
-		ClientOpts:      c.ClientOpts,
+		Brokers:        c.Brokers,
+		Group:          c.Group,
+		Topics:         []string{usecase.TopicBillingCommands},
+		MaxPollRecords: ChargeMaxPollDefault,
+		MaxAttempts:    chargeAttemptsUnbounded,
+		BackoffMin:     c.BackoffMin,
+		BackoffMax:     c.BackoffMax,
+		Prepare:        prepare,
+		Hook:           hook,
+		Logger:         log,
+		ClientOpts:     c.ClientOpts,
 	}
 	if c.UnsafeNoInbox {
 		kcfg.EventID = DeliveryEventID
@@ -203,7 +210,7 @@ func NewChargeWorker(db kafka.Beginner, gw usecase.PaymentGateway, cfg *ChargeWo
 	if err != nil {
 		return nil, fmt.Errorf("billing: charge worker: %w", err)
 	}
-	return &ChargeWorker{c: kc, log: log}, nil
+	return &ChargeWorker{Consumer: kc}, nil
 }
 
 // chargeResult is Prepare's result: the command and the provider's final
@@ -211,30 +218,6 @@ func NewChargeWorker(db kafka.Beginner, gw usecase.PaymentGateway, cfg *ChargeWo
 type chargeResult struct {
 	cmd     usecase.ChargeRequested
 	outcome usecase.ChargeOutcome
-}
-
-// Start joins the group and runs the worker until Stop. ctx's values reach
-// every call; its cancellation is not used (Stop and HardStop are).
-func (w *ChargeWorker) Start(ctx context.Context) error {
-	return w.c.Start(context.WithoutCancel(ctx))
-}
-
-// Stop is the soft stop: no new record is taken; the record in hand
-// finishes (call and transaction) unless it waits between attempts;
-// offsets are committed; the group is left. When ctx ends first the call
-// in hand is cancelled (a hard stop) and Stop returns ctx.Err(). Safe before
-// Start and twice.
-func (w *ChargeWorker) Stop(ctx context.Context) error { return w.c.Stop(ctx) }
-
-// HardStop cancels the call and transaction in hand: the record stays
-// uncommitted and is redelivered, later, with the same key; it waits, up to
-// ctx, for the worker to commit what is done and leave. Safe before Start
-// and twice.
-func (w *ChargeWorker) HardStop(ctx context.Context) error {
-	now, cancel := context.WithCancel(context.Background())
-	cancel()
-	_ = w.c.Stop(now) // an ended ctx: the consumer's hard stop
-	return w.c.Stop(ctx)
 }
 
 func truncate(s string, n int) string {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemkit/idem/consume"
 	"github.com/idemkit/idem/examples/billing/adapters/out/postgres"
 	"github.com/idemkit/idem/examples/billing/usecase"
 	"github.com/idemkit/idem/kafka"
@@ -31,14 +32,14 @@ const OrderGroup = "billing-service"
 //
 // onDuplicate, if not nil, is called for each redelivered event the inbox
 // skipped.
-func NewOrderConsumer(db kafka.Beginner, brokers []string, log *slog.Logger, onDuplicate func(), opts ...kgo.Opt) (*kafka.Consumer, error) {
+func NewOrderConsumer(db consume.DB, brokers []string, log *slog.Logger, onDuplicate func(), opts ...kgo.Opt) (*kafka.Consumer, error) {
 	return newOrderConsumer(db, brokers, log, onDuplicate, false, opts)
 }
 
 // NewUnsafeOrderConsumer is NewOrderConsumer without the inbox
 // (BILLING_UNSAFE=inbox), for proving that the chaos audit catches what the
 // inbox prevents; never in production. See DeliveryEventID.
-func NewUnsafeOrderConsumer(db kafka.Beginner, brokers []string, log *slog.Logger, opts ...kgo.Opt) (*kafka.Consumer, error) {
+func NewUnsafeOrderConsumer(db consume.DB, brokers []string, log *slog.Logger, opts ...kgo.Opt) (*kafka.Consumer, error) {
 	return newOrderConsumer(db, brokers, log, nil, true, opts)
 }
 
@@ -68,7 +69,7 @@ func deliverySuffix() string {
 	return "~delivery-" + hex.EncodeToString(b[:])
 }
 
-func newOrderConsumer(db kafka.Beginner, brokers []string, log *slog.Logger, onDuplicate func(), unsafeNoInbox bool, opts []kgo.Opt) (*kafka.Consumer, error) {
+func newOrderConsumer(db consume.DB, brokers []string, log *slog.Logger, onDuplicate func(), unsafeNoInbox bool, opts []kgo.Opt) (*kafka.Consumer, error) {
 	handler := func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
 		if t := header(rec, kafka.HeaderEventType); t != "" && t != usecase.EventOrderConfirmed {
 			return nil // another event type on the topic: not ours, marked done
@@ -79,21 +80,22 @@ func newOrderConsumer(db kafka.Beginner, brokers []string, log *slog.Logger, onD
 		}
 		return err
 	}
-	var onProcessed func(context.Context, *kgo.Record, kafka.Outcome)
+	var hook func(context.Context, kafka.ConsumerEvent) context.Context
 	if onDuplicate != nil {
-		onProcessed = func(_ context.Context, _ *kgo.Record, o kafka.Outcome) {
-			if o == kafka.OutcomeDuplicate {
+		hook = func(ctx context.Context, e kafka.ConsumerEvent) context.Context {
+			if e.Kind == consume.KindDuplicate {
 				onDuplicate()
 			}
+			return ctx
 		}
 	}
 	cfg := &kafka.ConsumerConfig{
-		Brokers:     brokers,
-		Group:       OrderGroup,
-		Topics:      []string{usecase.TopicOrderEvents},
-		Logger:      log,
-		OnProcessed: onProcessed,
-		ClientOpts:  opts,
+		Brokers:    brokers,
+		Group:      OrderGroup,
+		Topics:     []string{usecase.TopicOrderEvents},
+		Logger:     log,
+		Hook:       hook,
+		ClientOpts: opts,
 	}
 	if unsafeNoInbox {
 		cfg.EventID = DeliveryEventID

@@ -29,7 +29,7 @@ func New(db *pgxpool.Pool, pub outbox.Publisher, batchTimeout, leaseTTL time.Dur
 	if err != nil {
 		return nil, err
 	}
-	purger, err := inbox.NewPurger(db, &inbox.PurgerConfig{OnError: func(err error) { log.Warn("inbox purge", "error", err) }})
+	purger, err := inbox.NewPurger(db, &inbox.PurgerConfig{Logger: log})
 	if err != nil {
 		return nil, err
 	}

@@ -43,3 +43,11 @@ USING (
     FOR UPDATE SKIP LOCKED
 ) old
 WHERE p.consumer_id = old.consumer_id AND p.event_id = old.event_id;
+
+-- name: Seen :one
+-- A plain read: no row lock, no write. A concurrent transaction that has
+-- inserted the row and not committed yet is not seen.
+SELECT EXISTS (
+    SELECT 1 FROM processed_event
+    WHERE consumer_id = @consumer_id AND event_id = @event_id
+) AS seen;

@@ -154,3 +154,24 @@ func (q *Queries) PurgeBatch(ctx context.Context, arg PurgeBatchParams) (int64, 
 	}
 	return result.RowsAffected(), nil
 }
+
+const seen = `-- name: Seen :one
+SELECT EXISTS (
+    SELECT 1 FROM processed_event
+    WHERE consumer_id = $1 AND event_id = $2
+) AS seen
+`
+
+type SeenParams struct {
+	ConsumerID string
+	EventID    string
+}
+
+// A plain read: no row lock, no write. A concurrent transaction that has
+// inserted the row and not committed yet is not seen.
+func (q *Queries) Seen(ctx context.Context, arg SeenParams) (bool, error) {
+	row := q.db.QueryRow(ctx, seen, arg.ConsumerID, arg.EventID)
+	var seen bool
+	err := row.Scan(&seen)
+	return seen, err
+}

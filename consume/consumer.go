@@ -1,0 +1,257 @@
+package consume
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/backoff"
+	"github.com/idemkit/idem/internal/startstop"
+)
+
+// DB is what a Consumer needs from PostgreSQL: transactions for the
+// handler, and plain statements for inbox.Seen (Config.Prepare's check),
+// which must not hold a transaction open. A *pgxpool.Pool satisfies it.
+type DB interface {
+	inbox.DBTX
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Consumer runs a Handler for every message a Driver fetches, in a
+// database transaction that also records the event in processed_event
+// (package inbox), and acknowledges the message to the broker only after
+// that transaction committed. See the package doc for the guarantee.
+//
+// It satisfies lifecycle.Component and lifecycle.HardStopper.
+type Consumer struct {
+	db      DB
+	driver  Driver
+	handler Handler
+	inbox   *inbox.Inbox
+	cfg     Config
+	log     *slog.Logger
+	backoff backoff.Policy
+	ss      startstop.Service
+}
+
+// New validates cfg and returns a Consumer; nothing connects until Start.
+// db runs the transactions, driver talks to the broker, handler applies
+// each message.
+func New(db DB, driver Driver, handler Handler, cfg *Config) (*Consumer, error) {
+	switch {
+	case db == nil:
+		return nil, fmt.Errorf("%w: db is nil", ErrInvalidConfig)
+	case driver == nil:
+		return nil, fmt.Errorf("%w: driver is nil", ErrInvalidConfig)
+	case handler == nil:
+		return nil, fmt.Errorf("%w: handler is nil", ErrInvalidConfig)
+	}
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.setDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	ib, err := inbox.New(&inbox.Config{Form: c.InboxForm})
+	if err != nil {
+		return nil, fmt.Errorf("%w: InboxForm: %w", ErrInvalidConfig, err)
+	}
+	return &Consumer{
+		db: db, driver: driver, handler: handler, inbox: ib, cfg: c,
+		log:     c.Logger.With("consumer", c.ConsumerID),
+		backoff: backoff.Policy{Min: c.BackoffMin, Max: c.BackoffMax},
+	}, nil
+}
+
+// Start opens a session (Driver.Open) and processes messages on a goroutine
+// until Stop or HardStop. ctx bounds the opening and lends its values to
+// the run; cancelling it after Start returned changes nothing. Start on a
+// running Consumer does nothing; Start after a stop opens a fresh session.
+func (c *Consumer) Start(ctx context.Context) error {
+	return c.ss.Start(ctx, func(ctx context.Context, g *startstop.Group) error {
+		sess, err := c.driver.Open(ctx)
+		if err != nil {
+			return fmt.Errorf("consume: open session: %w", err)
+		}
+		r := newRun(c, sess, ctx)
+		g.Go(ctx, r.loop)
+		return nil
+	})
+}
+
+// Stop is the graceful stop: no new message is taken; the message (or
+// batch) in hand finishes and commits; a message waiting between two
+// attempts is abandoned (it is redelivered later, which is harmless); what
+// is done is acked; the session is closed (the group left, so that another
+// member takes the partitions over at once). Stop waits for all that, or
+// returns ctx.Err() when ctx ends first (the run then goes on in the
+// background; HardStop cuts it short). Safe before Start, twice and
+// concurrently.
+func (c *Consumer) Stop(ctx context.Context) error { return c.ss.Stop(ctx) }
+
+// HardStop is Stop that also cancels the work in hand: the handler's ctx
+// ends, its transaction rolls back, and the message is redelivered later.
+// What was done before is still acked and the session closed, each bounded
+// by AckTimeout.
+func (c *Consumer) HardStop(ctx context.Context) error { return c.ss.HardStop(ctx) }
+
+// ConsumerID reports Config.ConsumerID.
+func (c *Consumer) ConsumerID() string { return c.cfg.ConsumerID }
+
+// run is one session's state, owned by the processing goroutine except
+// where a field says otherwise.
+type run struct {
+	c    *Consumer
+	cfg  *Config
+	sess Session
+	ctx  context.Context // ends at the soft stop
+	work context.Context // ends at the hard stop
+	stop context.CancelFunc
+
+	done []*Message        // finished (DB committed or dead-lettered), not acked yet
+	held map[string]*stuck // per stream: the message that holds it
+
+	inflight sync.WaitGroup // background dead-letter attempts
+
+	mu      sync.Mutex // guards results and wake: written by the background attempts
+	results []dlResult
+	wake    context.CancelFunc // ends the Fetch in progress
+}
+
+func newRun(c *Consumer, sess Session, ctx context.Context) *run {
+	work, cancel := startstop.WorkContext(ctx)
+	return &run{c: c, cfg: &c.cfg, sess: sess, ctx: ctx, work: work, stop: cancel, held: map[string]*stuck{}}
+}
+
+func (r *run) emit(ctx context.Context, e Event) context.Context {
+	return idem.CallHook(r.cfg.Hook, ctx, e)
+}
+
+func (r *run) loop(ctx context.Context) {
+	defer r.stop()
+	defer r.finish()
+	for {
+		// A stuck message dead-lettered in the background is acked now,
+		// before the Fetch: the ack is what ends its stream's hold.
+		r.collect()
+		r.ack()
+		r.startDue()
+		if ctx.Err() != nil {
+			return
+		}
+		fctx, cancel := r.fetchContext()
+		f, err := r.sess.Fetch(fctx)
+		woken := fctx.Err() != nil
+		cancel()
+		r.revoke(f.Revoked)
+		if err != nil && !woken {
+			r.c.log.Warn("fetch", "err", err)
+			if !r.sleep(r.c.backoff.Ceiling(2)) {
+				return
+			}
+		}
+		r.process(f.Messages)
+		r.ack()
+	}
+}
+
+// fetchContext is the ctx of one Fetch: it ends at the soft stop, when the
+// next stuck message's retry is due, or when a background attempt reports.
+func (r *run) fetchContext() (context.Context, context.CancelFunc) {
+	fctx, cancel := context.WithCancel(r.ctx)
+	if due := r.nextDue(); !due.IsZero() {
+		var cancelDue context.CancelFunc
+		fctx, cancelDue = context.WithDeadline(fctx, due)
+		inner := cancel
+		cancel = func() { cancelDue(); inner() }
+	}
+	// Publish the cancel before looking for results: a background attempt
+	// appends its result and then cancels whatever wake holds, so either
+	// this look sees its result or it cancels this Fetch.
+	r.mu.Lock()
+	r.wake = cancel
+	pending := len(r.results) > 0
+	r.mu.Unlock()
+	if pending {
+		cancel()
+	}
+	return fctx, cancel
+}
+
+// finish ends the run, step by step:
+//  1. nothing is processed any more (the loop returned);
+//  2. background dead-letter attempts are waited for (each bounded by
+//     DeadLetterTimeout, cut short by a hard stop), and one that succeeded
+//     is acked with the rest;
+//  3. stuck messages are abandoned: unacked, they come back to the next
+//     owner;
+//  4. what is done is acked, bounded by AckTimeout even after a hard stop
+//     (cheap, and it saves the next owner re-reading);
+//  5. the session closes (leaves the group), bounded by AckTimeout.
+func (r *run) finish() {
+	r.inflight.Wait()
+	r.collect()
+	for s, st := range r.held {
+		delete(r.held, s)
+		r.abandon(st.it, st.reported)
+	}
+	r.ack()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.work), r.cfg.AckTimeout)
+	defer cancel()
+	if err := r.sess.Close(ctx); err != nil {
+		r.c.log.Warn("close session", "err", err)
+	}
+}
+
+// sleep waits d; false if the soft stop came first.
+func (r *run) sleep(d time.Duration) bool {
+	if d <= 0 {
+		return r.ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.ctx.Done():
+		return false
+	}
+}
+
+// ack acknowledges what is done since the last ack. Its error only costs
+// re-reads: see Session.Ack.
+func (r *run) ack() {
+	if len(r.done) == 0 {
+		return
+	}
+	msgs := r.done
+	r.done = nil
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.work), r.cfg.AckTimeout)
+	defer cancel()
+	start := time.Now()
+	err := r.sess.Ack(ctx, msgs)
+	e := newEvent(KindCommitted, r.cfg.ConsumerID, nil)
+	e.Records, e.Duration, e.Err = len(msgs), time.Since(start), err
+	r.emit(r.work, e)
+	if err != nil {
+		r.c.log.Warn("ack", "messages", len(msgs), "err", err)
+	}
+}
+
+// revoke drops the stuck messages of streams the session lost.
+func (r *run) revoke(streams []string) {
+	for _, s := range streams {
+		if st := r.held[s]; st != nil {
+			delete(r.held, s)
+			r.abandon(st.it, st.reported)
+		}
+	}
+}
