@@ -122,7 +122,8 @@ type Config struct {
 	// LeaseDefault (30s).
 	Lease time.Duration
 	// Logger, when set, gets one line per charge step (started, charged,
-	// fault) with the key and order. Defaults to nil (no logs).
+	// fault) with the key and order, and Serve's net/http errors. Defaults
+	// to nil (no logs).
 	Logger *slog.Logger
 
 	// MaxLedgerEntries bounds how many idempotency keys the simulator
@@ -347,7 +348,14 @@ func New(cfg *Config) (*Server, error) {
 		WriteTimeout:      c.WriteTimeout + c.Latency,
 		IdleTimeout:       c.IdleTimeout,
 		MaxHeaderBytes:    c.MaxHeaderBytes,
-		ErrorLog:          log.New(io.Discard, "", 0),
+		// net/http's own complaints (an accept error, a malformed
+		// request it answered itself) go where the simulator's logs go,
+		// and nowhere without a Logger: a client must not be able to
+		// write to stderr at will.
+		ErrorLog: log.New(io.Discard, "", 0),
+	}
+	if c.Logger != nil {
+		s.http.ErrorLog = slog.NewLogLogger(c.Logger.Handler(), slog.LevelWarn)
 	}
 	return s, nil
 }
