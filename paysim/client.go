@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/idemkit/idem/idemclient"
@@ -110,6 +111,9 @@ func (c *Client) Charge(ctx context.Context, cmd ChargeCommand) (ChargeResult, e
 		if errors.As(err, &se) && se.StatusCode == http.StatusPaymentRequired && se.Code == CodeCardDeclined {
 			return ChargeResult{}, fmt.Errorf("%w: %w", ErrDeclined, err)
 		}
+		if errors.As(err, &se) && se.StatusCode == http.StatusInsufficientStorage && se.Code == CodeLedgerFull {
+			return ChargeResult{}, fmt.Errorf("%w: %w", ErrLedgerFull, err)
+		}
 		return ChargeResult{}, fmt.Errorf("paysim: charge: %w", err)
 	}
 	defer resp.Body.Close()
@@ -132,17 +136,44 @@ type chargeResponse struct {
 	ChargeID string `json:"charge_id"`
 }
 
-// Ledger returns every charge the provider has made (GET /ledger), for
-// audits: see Audit. ctx bounds the call, retries included.
+// Ledger returns every charge of the client's principal (GET /ledger,
+// page by page), for audits: see Audit. ctx bounds the call, retries
+// included.
 func (c *Client) Ledger(ctx context.Context) ([]Charge, error) {
 	e, err := c.Entries(ctx)
 	return e.Charges, err
 }
 
-// Entries returns every charge and every decline (GET /ledger), one
-// snapshot. ctx bounds the call, retries included.
+// Entries returns every charge and every decline of the client's principal
+// (the Authorization header its http.Client sends, or none), reading GET
+// /ledger page by page: every entry settled before the last page was read,
+// each once (the ledger only grows, in order). ctx bounds the call,
+// retries included.
 func (c *Client) Entries(ctx context.Context) (Entries, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/ledger", nil)
+	out := Entries{Charges: []Charge{}, Declines: []Decline{}}
+	for after := ""; ; {
+		page, err := c.page(ctx, after, LedgerPageMax)
+		if err != nil {
+			return Entries{}, err
+		}
+		out.Charges = append(out.Charges, page.Charges...)
+		out.Declines = append(out.Declines, page.Declines...)
+		if page.Next == "" {
+			return out, nil
+		}
+		if page.Next == after {
+			return Entries{}, fmt.Errorf("%w: ledger: next page %q does not advance", ErrBadResponse, page.Next)
+		}
+		after = page.Next
+	}
+}
+
+func (c *Client) page(ctx context.Context, after string, limit int) (Entries, error) {
+	q := url.Values{"limit": {strconv.Itoa(limit)}}
+	if after != "" {
+		q.Set("after", after)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/ledger?"+q.Encode(), nil)
 	if err != nil {
 		return Entries{}, fmt.Errorf("paysim: ledger: %w", err)
 	}

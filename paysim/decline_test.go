@@ -48,8 +48,12 @@ func TestDeclineIsAStoredAnswer(t *testing.T) {
 		t.Fatalf("stats %+v, want 1 decline and no charge", st)
 	}
 
-	// GET /ledger lists it beside the (empty) charges.
-	r, err := send(t, hc, "GET", b.url+"/ledger", "", nil)
+	// GET /ledger lists it beside the (empty) charges, to its principal;
+	// another sees nothing of it.
+	if r, err := send(t, hc, "GET", b.url+"/ledger", "", nil); err != nil || strings.TrimSpace(r.body) != `{"charges":[],"declines":[]}` {
+		t.Fatalf("GET /ledger without the principal = %v, %v", r, err)
+	}
+	r, err := send(t, hc, "GET", b.url+"/ledger", "", map[string]string{"Authorization": "Bearer shop"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,22 +6,38 @@
 // # HTTP contract (docs/contracts.md)
 //
 //	POST /charges  Idempotency-Key, {"order_id","customer_id","amount_kopecks"} → 201 {"charge_id"}, or 402 CARD_DECLINED
-//	GET  /ledger   → {"charges":[{"charge_id","idempotency_key","order_id","customer_id","principal","amount_kopecks","created_at"}…],
-//	                  "declines":[{"decline_id","idempotency_key","order_id","customer_id","principal","amount_kopecks","code","created_at"}…]}
+//	GET  /ledger   [?after=&limit=] → {"charges":[{"charge_id","idempotency_key","order_id","customer_id","principal","amount_kopecks","created_at"}…],
+//	                  "declines":[{"decline_id","idempotency_key","order_id","customer_id","principal","amount_kopecks","code","created_at"}…],
+//	                  "next" (on a page after which more remain)}
 //
 // and, beyond the contract, GET /healthz and GET /metrics (Prometheus text:
 // paysim_charges_total, paysim_declines_total, paysim_replays_total,
 // paysim_conflicts_total{code}, paysim_faults_total{kind},
-// paysim_rejected_total, paysim_ledger_rows).
+// paysim_rejected_total, paysim_ledger_rows, paysim_ledger_full_total,
+// paysim_ledger_keys(_max), paysim_ledger_bytes(_max),
+// paysim_connections_open, paysim_connections_refused_total).
 //
-// POST /charges runs behind the idempotency package's middleware over a
-// MemoryStore, scoped by the Authorization header value: the same key and
-// body replay the first answer with Idempotent-Replayed: true; the same key
-// with another body is 409 IDEMPOTENCY_KEY_REUSED; a key whose charge is
-// still running is 409 IDEMPOTENCY_KEY_IN_PROGRESS with Retry-After; no key
-// is 400 IDEMPOTENCY_KEY_REQUIRED. Malformed JSON is 400 MALFORMED_JSON, a
-// missing field or an amount ≤ 0 is 422 INVALID_CHARGE. Every error is
-// application/problem+json with a code member, and none of them charges.
+// POST /charges is validated first, before the idempotency middleware and
+// as early as it can be: a missing or invalid key, or a principal over
+// MaxPrincipalLength (400 FIELD_TOO_LONG), or a new key on a full ledger
+// (507 LEDGER_FULL) is answered from the header alone, before the body is
+// read; then the body must be at most 64 KiB (413), one JSON object with
+// exactly the contract's members, each once and spelled exactly, valid
+// UTF-8 (else 400 MALFORMED_JSON), ids of at most MaxFieldLength bytes
+// (400 FIELD_TOO_LONG) without control characters, and a positive amount
+// (else 422 INVALID_CHARGE). None of these refusals is stored under the
+// key: nothing ran, so a corrected request with the same key is a new
+// attempt. A valid charge then runs behind the idempotency package's
+// middleware over a MemoryStore, scoped by the Authorization header value:
+// the same key and body replay the first answer with Idempotent-Replayed:
+// true; the same key with another body is 409 IDEMPOTENCY_KEY_REUSED; a
+// key whose charge is still running is 409 IDEMPOTENCY_KEY_IN_PROGRESS
+// with Retry-After. Every error is application/problem+json with a code
+// member, and none of them charges.
+//
+// GET /ledger shows the caller its own principal's entries, whole
+// (streamed, never copied whole) or a page (?limit=1..10000&after=next);
+// Config.LedgerToken lets an auditor see every principal's.
 //
 // # Guarantee
 //
@@ -53,10 +69,26 @@
 // Config.Seed, the key and how many times the key has arrived, so a run is
 // reproducible however requests interleave.
 //
+// # Bounds
+//
+// An anonymous client cannot grow the simulator without bound: the ledger
+// remembers at most Config.MaxLedgerEntries keys and Config.MaxLedgerBytes
+// of what they hold (the estimate covers the ledger, its indexes, the
+// fault counters and the middleware's records; TestLedgerBudgetCoversTheHeap
+// holds it to the heap), and a new key beyond that is 507 LEDGER_FULL with
+// nothing charged and nothing recorded, never a charge the ledger does not
+// show. A key it already holds keeps its answer. Serve bounds the rest:
+// header, whole-request, write and idle timeouts, a header size, and
+// Config.MaxConns connections at once (one more is answered 503
+// TOO_MANY_CONNECTIONS and closed).
+//
 // # What it does not guarantee
 //
-// Everything is in memory: a restart forgets the ledger and the keys.
-// Keys are remembered for the middleware's retention (24h). A principal is
-// whatever Authorization header arrives: paysim authenticates nobody, and
-// GET /ledger shows the principal, so never give it a real credential.
+// Everything is in memory: a restart forgets the ledger and the keys, and
+// nothing but a restart frees room in a full ledger. Keys are remembered by
+// the middleware for its retention (24h) and by the ledger for good. A
+// principal is whatever Authorization header arrives: paysim
+// authenticates nobody, so whoever sends a principal's header value sees
+// that principal's ledger; never give it a real credential. It listens on
+// loopback unless told otherwise (`idem paysim --addr`).
 package paysim

@@ -3,7 +3,9 @@ package paysim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -18,6 +20,13 @@ var (
 	ErrKeyDeclined = errors.New("paysim: idempotency key already declined")
 	// ErrKeyCharged is a Decline for a key that was charged.
 	ErrKeyCharged = errors.New("paysim: idempotency key already charged")
+	// ErrLedgerFull is a new key on a ledger at its bounds
+	// (Config.MaxLedgerEntries, Config.MaxLedgerBytes): nothing was
+	// recorded, and nothing charged. Keys already in the ledger keep
+	// their entries and answers. Client.Charge returns it, wrapping the
+	// *idemclient.StatusError, for a 507 LEDGER_FULL; it is not
+	// retryable, since a simulator's ledger only shrinks with a restart.
+	ErrLedgerFull = errors.New("paysim: ledger full")
 )
 
 // Charge is one ledger row. The JSON names are the GET /ledger contract.
@@ -48,11 +57,14 @@ type Decline struct {
 	CreatedAt      time.Time `json:"created_at"`
 }
 
-// Entries is one consistent snapshot of the whole ledger, as GET /ledger
+// Entries is one consistent snapshot of a ledger view, as GET /ledger
 // returns it: {"charges":[…],"declines":[…]}, oldest first, never null.
+// Next, on a page of GET /ledger?limit=, is the after value of the
+// following page; empty on the last.
 type Entries struct {
 	Charges  []Charge  `json:"charges"`
 	Declines []Decline `json:"declines"`
+	Next     string    `json:"next,omitempty"`
 }
 
 // Ledger is the provider's book of charges and declines, in memory. One
@@ -64,23 +76,80 @@ type Entries struct {
 // second. This holds whatever the HTTP layer in front of it does, so a test
 // that finds two entries for one key has found a bug in the ledger itself,
 // not a race.
+//
+// A ledger is bounded: it remembers at most maxKeys keys and maxBytes of
+// what they cost (see keyCost and entryCost); past that, a new key is
+// ErrLedgerFull and nothing is recorded, while a key it already holds keeps
+// its entry and its answer. Entries are never changed or removed, so a view
+// read in pieces (GET /ledger's pages, a streamed answer) is the snapshot
+// of the instant it began.
 type Ledger struct {
 	mu       sync.Mutex
 	rows     []Charge
 	declines []Decline
-	byKey    map[ledgerKey]entryRef
-	now      func() time.Time
+	log      []entryRef // every entry, in the order settled: the whole view
+	byKey    map[ledgerKey]keyRef
+	// principals interns every principal once (its entries hold that one
+	// string) and keeps the principal's own view, in log order.
+	principals map[string]*principalView
+	maxKeys    int
+	maxBytes   int64
+	bytes      int64
+	now        func() time.Time
 }
 
-// entryRef points at a key's entry: an index in rows, or in declines.
+// entryRef points at an entry: an index in rows, or in declines.
 type entryRef struct {
 	declined bool
-	i        int
+	i        int32
 }
 
-// NewLedger returns an empty ledger.
-func NewLedger() *Ledger {
-	return &Ledger{byKey: map[ledgerKey]entryRef{}, now: time.Now}
+// keyRef is what the ledger knows of a key: reserved by admit (the key
+// reached the charge step and its cost is counted) or settled, with its
+// entry.
+type keyRef struct {
+	settled bool
+	entry   entryRef
+	// fields is the length of order_id + customer_id the reservation
+	// counted.
+	fields int
+}
+
+type principalView struct {
+	name string
+	log  []entryRef
+}
+
+// Costs, in bytes, that the ledger counts against its budget. They stand
+// for everything paysim keeps per key and per entry, measured with
+// TestLedgerBudgetCoversTheHeap: the ledger's row and index, the
+// principal's view, the fault counters and the idempotency middleware's
+// record of the key (its hash, fingerprint and stored answer).
+const (
+	keyOverhead       = 832
+	entryOverhead     = 320
+	principalOverhead = 256
+)
+
+// keyCost is what a key costs once it reaches the charge step, settled or
+// not.
+func keyCost(key string) int64 { return int64(len(key)) + keyOverhead }
+
+// entryCost is what an entry costs beyond its key: fields is the length of
+// its order and customer ids.
+func entryCost(fields int) int64 { return int64(fields) + entryOverhead }
+
+func principalCost(p string) int64 { return int64(len(p)) + principalOverhead }
+
+// NewLedger returns an empty ledger without bounds (paysim's Server gives
+// its own the bounds of its Config).
+func NewLedger() *Ledger { return newLedger(math.MaxInt32, math.MaxInt64) }
+
+func newLedger(maxKeys int, maxBytes int64) *Ledger {
+	return &Ledger{
+		byKey: map[ledgerKey]keyRef{}, principals: map[string]*principalView{},
+		maxKeys: maxKeys, maxBytes: maxBytes, now: time.Now,
+	}
 }
 
 type ledgerKey struct{ principal, key string }
@@ -93,7 +162,8 @@ func keyOf(c Charge) ledgerKey {
 // c.Principal. It returns the row (new or existing) and whether it was
 // inserted. An existing row for a different order, customer or amount is
 // ErrLedgerConflict, with the existing row; a declined key is
-// ErrKeyDeclined. ChargeID and CreatedAt are assigned here.
+// ErrKeyDeclined; a new key on a full ledger is ErrLedgerFull. ChargeID
+// and CreatedAt are assigned here.
 func (l *Ledger) Insert(c Charge) (Charge, bool, error) {
 	ch, _, inserted, err := l.settle(c, "")
 	if err == nil && ch == nil {
@@ -108,8 +178,9 @@ func (l *Ledger) Insert(c Charge) (Charge, bool, error) {
 // Decline records d as the key's definitive refusal unless the key already
 // has an entry: the existing decline is returned (not inserted), a charged
 // key is ErrKeyCharged, a decline of the key for a different order,
-// customer or amount is ErrLedgerConflict. DeclineID and CreatedAt are
-// assigned here; an empty Code is CodeCardDeclined.
+// customer or amount is ErrLedgerConflict, a new key on a full ledger is
+// ErrLedgerFull. DeclineID and CreatedAt are assigned here; an empty Code
+// is CodeCardDeclined.
 func (l *Ledger) Decline(d Decline) (Decline, bool, error) {
 	code := d.Code
 	if code == "" {
@@ -126,21 +197,77 @@ func (l *Ledger) Decline(d Decline) (Decline, bool, error) {
 	return *dec, inserted, err
 }
 
+// known reports whether the ledger holds principal's key, settled or
+// reserved.
+func (l *Ledger) known(principal, key string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.byKey[ledgerKey{principal, key}]
+	return ok
+}
+
+// full reports whether no new key fits any more, whatever its size.
+func (l *Ledger) full() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.byKey) >= l.maxKeys || l.bytes+keyCost("k")+entryCost(2) > l.maxBytes
+}
+
+// admit reserves room for principal's key and an entry with fields bytes
+// of ids, before the key is claimed: from then on the key is known, and
+// whatever happens to the request (a fault, an abandoned charge) the
+// memory it leaves behind is counted. A known key is admitted at no cost;
+// a new one that does not fit is ErrLedgerFull.
+func (l *Ledger) admit(principal, key string, fields int) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.byKey[ledgerKey{principal, key}]; ok {
+		return nil
+	}
+	pv, err := l.reserveLocked(principal, key, fields)
+	if err != nil {
+		return err
+	}
+	l.byKey[ledgerKey{pv.name, strings.Clone(key)}] = keyRef{fields: fields}
+	return nil
+}
+
+// reserveLocked counts a new key, with an entry of fields bytes, against
+// the bounds, and returns its principal's view (created if need be).
+func (l *Ledger) reserveLocked(principal, key string, fields int) (*principalView, error) {
+	cost := keyCost(key) + entryCost(fields)
+	pv := l.principals[principal]
+	if pv == nil {
+		cost += principalCost(principal)
+	}
+	if len(l.byKey) >= l.maxKeys || l.bytes+cost > l.maxBytes {
+		return nil, ErrLedgerFull
+	}
+	if pv == nil {
+		pv = &principalView{name: strings.Clone(principal)}
+		l.principals[pv.name] = pv
+	}
+	l.bytes += cost
+	return pv, nil
+}
+
 // settle is the one write path: it returns the key's entry (a charge or a
 // decline), recording c first, as a decline with declineCode when that is
 // set, if the key has none. An existing entry for a different order,
-// customer or amount is ErrLedgerConflict, returned with that entry.
+// customer or amount is ErrLedgerConflict, returned with that entry; a key
+// that does not fit is ErrLedgerFull, with nothing recorded.
 func (l *Ledger) settle(c Charge, declineCode string) (ch *Charge, dec *Decline, inserted bool, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if ref, ok := l.byKey[keyOf(c)]; ok {
+	ref, ok := l.byKey[keyOf(c)]
+	if ok && ref.settled {
 		var order, customer string
 		var amount int64
-		if ref.declined {
-			d := l.declines[ref.i]
+		if ref.entry.declined {
+			d := l.declines[ref.entry.i]
 			dec, order, customer, amount = &d, d.OrderID, d.CustomerID, d.AmountKopecks
 		} else {
-			old := l.rows[ref.i]
+			old := l.rows[ref.entry.i]
 			ch, order, customer, amount = &old, old.OrderID, old.CustomerID, old.AmountKopecks
 		}
 		if order != c.OrderID || customer != c.CustomerID || amount != c.AmountKopecks {
@@ -148,21 +275,98 @@ func (l *Ledger) settle(c Charge, declineCode string) (ch *Charge, dec *Decline,
 		}
 		return ch, dec, false, err
 	}
+	fields := len(c.OrderID) + len(c.CustomerID)
+	var pv *principalView
+	if ok {
+		// Reserved by admit, perhaps for other ids (an earlier attempt
+		// that failed before charging): count the difference.
+		if extra := entryCost(fields) - entryCost(ref.fields); extra > 0 {
+			if l.bytes+extra > l.maxBytes {
+				return nil, nil, false, ErrLedgerFull
+			}
+			l.bytes += extra
+		}
+		pv = l.principals[c.Principal]
+	} else if pv, err = l.reserveLocked(c.Principal, c.IdempotencyKey, fields); err != nil {
+		return nil, nil, false, err
+	}
+	c.Principal = pv.name
+	c.IdempotencyKey = strings.Clone(c.IdempotencyKey)
 	now := l.now().UTC()
+	var e entryRef
 	if declineCode != "" {
 		d := Decline{
 			DeclineID: fmt.Sprintf("dc_%08d", len(l.declines)+1), IdempotencyKey: c.IdempotencyKey, OrderID: c.OrderID,
 			CustomerID: c.CustomerID, Principal: c.Principal, AmountKopecks: c.AmountKopecks, Code: declineCode, CreatedAt: now,
 		}
-		l.byKey[keyOf(c)] = entryRef{declined: true, i: len(l.declines)}
+		e = entryRef{declined: true, i: int32(len(l.declines))}
 		l.declines = append(l.declines, d)
-		return nil, &d, true, nil
+		dec = &d
+	} else {
+		c.ChargeID = fmt.Sprintf("ch_%08d", len(l.rows)+1)
+		c.CreatedAt = now
+		e = entryRef{i: int32(len(l.rows))}
+		l.rows = append(l.rows, c)
+		ch = &c
 	}
-	c.ChargeID = fmt.Sprintf("ch_%08d", len(l.rows)+1)
-	c.CreatedAt = now
-	l.byKey[keyOf(c)] = entryRef{i: len(l.rows)}
-	l.rows = append(l.rows, c)
-	return &c, nil, true, nil
+	l.byKey[keyOf(c)] = keyRef{settled: true, entry: e, fields: fields}
+	l.log = append(l.log, e)
+	pv.log = append(pv.log, e)
+	return ch, dec, true, nil
+}
+
+// viewLen is the number of entries in a view: principal's own, or the
+// whole ledger when all is set.
+func (l *Ledger) viewLen(principal string, all bool) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.viewLocked(principal, all))
+}
+
+func (l *Ledger) viewLocked(principal string, all bool) []entryRef {
+	if all {
+		return l.log
+	}
+	if pv := l.principals[principal]; pv != nil {
+		return pv.log
+	}
+	return nil
+}
+
+// chunk copies the charges (or, with declines, the declines) at positions
+// [from, to) of a view, in order. Positions below the view's length never
+// change, so successive chunks read one snapshot.
+func (l *Ledger) chunk(principal string, all bool, from, to int, declines bool) ([]Charge, []Decline) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	v := l.viewLocked(principal, all)
+	to = min(to, len(v))
+	var cs []Charge
+	var ds []Decline
+	for _, e := range v[min(from, to):to] {
+		switch {
+		case e.declined && declines:
+			ds = append(ds, l.declines[e.i])
+		case !e.declined && !declines:
+			cs = append(cs, l.rows[e.i])
+		}
+	}
+	return cs, ds
+}
+
+// Usage is what a ledger holds against its bounds.
+type Usage struct {
+	Keys     int   // keys remembered: every entry's, and those reserved by a charge that did not settle
+	MaxKeys  int   // the bound of Keys
+	Bytes    int64 // the estimated bytes they hold
+	MaxBytes int64 // the bound of Bytes
+}
+
+// Usage returns what the ledger holds against its bounds.
+func (l *Ledger) Usage() Usage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return Usage{Keys: len(l.byKey), MaxKeys: l.maxKeys, Bytes: l.bytes, MaxBytes: l.maxBytes}
 }
 
 // Charges returns a copy of every charge, oldest first.

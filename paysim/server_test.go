@@ -368,6 +368,17 @@ func TestNewValidatesConfig(t *testing.T) {
 		{paysim.Config{Lease: -1}, "Lease"},
 		{paysim.Config{DeclineRate: 1.01}, "DeclineRate"},
 		{paysim.Config{DeclineRate: -1}, "DeclineRate"},
+		{paysim.Config{MaxLedgerEntries: -1}, "MaxLedgerEntries"},
+		{paysim.Config{MaxLedgerEntries: 1 << 31}, "MaxLedgerEntries"},
+		{paysim.Config{MaxLedgerBytes: -1}, "MaxLedgerBytes"},
+		{paysim.Config{LedgerToken: "short"}, "LedgerToken"},
+		{paysim.Config{LedgerToken: "sixteen chars with spaces"}, "LedgerToken"},
+		{paysim.Config{ReadHeaderTimeout: -1}, "ReadHeaderTimeout"},
+		{paysim.Config{ReadTimeout: -1}, "ReadTimeout"},
+		{paysim.Config{WriteTimeout: -1}, "WriteTimeout"},
+		{paysim.Config{IdleTimeout: -1}, "IdleTimeout"},
+		{paysim.Config{MaxConns: -1}, "MaxConns"},
+		{paysim.Config{MaxHeaderBytes: -1}, "MaxHeaderBytes"},
 	} {
 		if _, err := paysim.New(&tt.cfg); !errors.Is(err, paysim.ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("New(%+v) = %v, want ErrInvalidConfig naming %s", tt.cfg, err, tt.want)

@@ -106,3 +106,5 @@ func chargeBody(order, customer string, amount int64) string {
 	b, _ := json.Marshal(map[string]any{"order_id": order, "customer_id": customer, "amount_kopecks": amount})
 	return string(b)
 }
+
+func jsonUnmarshal(s string, v any) error { return json.Unmarshal([]byte(s), v) }

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem/internal/cli"
@@ -19,16 +21,19 @@ func init() {
 	register(&cli.Command{Name: "paysim", Summary: "run the payment-provider simulator (Idempotency-Key, faults, ledger)", Run: runPaysim})
 }
 
-const paysimUsage = `Usage: idem paysim [--addr ADDR] [--fail-rate P] [--drop-rate P] [--decline-rate P] [--latency D] [--seed N] [-v]
+const paysimUsage = `Usage: idem paysim [--addr ADDR] [--fail-rate P] [--drop-rate P] [--decline-rate P] [--latency D] [--seed N]
+                   [--max-ledger-entries N] [--max-ledger-bytes SIZE] [--max-conns N]
+                   [--read-header-timeout D] [--read-timeout D] [--write-timeout D] [--idle-timeout D] [-v]
 
 Runs a payment provider that honours Idempotency-Key:
 
   POST /charges  Idempotency-Key, {"order_id","customer_id","amount_kopecks"}
                  → 201 {"charge_id"}, or 402 CARD_DECLINED (problem+json)
-  GET  /ledger   → {"charges":[{"charge_id","idempotency_key","order_id","customer_id",
+  GET  /ledger   [?after=CURSOR&limit=N]
+                 → {"charges":[{"charge_id","idempotency_key","order_id","customer_id",
                     "principal","amount_kopecks","created_at"}…],
                     "declines":[{"decline_id","idempotency_key","order_id","customer_id",
-                    "principal","amount_kopecks","code","created_at"}…]}
+                    "principal","amount_kopecks","code","created_at"}…], "next":CURSOR}
   GET  /metrics  → Prometheus text (paysim_charges_total, paysim_declines_total, ...)
 
 The same key and body replay the first answer (Idempotent-Replayed: true) and
@@ -39,17 +44,42 @@ closes the connection without an answer, --latency delays every charge.
 --decline-rate declines that share of keys for good: a 402 CARD_DECLINED that
 charges nothing, is recorded in the ledger's declines, and is the key's answer
 on every retry (it depends on the seed and the key only). -v logs every charge
-step to stderr. The principal scoping keys is the Authorization header value
-(or "paysim" without one); it is shown in GET /ledger, so never send paysim a
-real credential.
+step to stderr.
 
-Prints "paysim listening on HOST:PORT" once it accepts connections (--addr
-127.0.0.1:0 picks a free port). SIGTERM or SIGINT stops it gracefully within
-SHUTDOWN_TIMEOUT (default 25s).
+The principal scoping keys is the Authorization header value (or "paysim"
+without one); paysim authenticates nobody, so never send it a real
+credential. GET /ledger shows the caller's own principal's entries, all of
+them or a page (limit 1..10000, after = the previous page's "next"; no "next"
+on the last page). With PAYSIM_LEDGER_TOKEN set (at least 16 characters; an
+environment variable only, since a command line is visible to every local
+user), "Authorization: Bearer <token>" sees every principal's entries.
 
-Every flag defaults to its environment variable: PAYSIM_ADDR (default :8090),
-PAYSIM_FAIL_RATE, PAYSIM_DROP_RATE, PAYSIM_DECLINE_RATE, PAYSIM_LATENCY,
-PAYSIM_SEED.`
+Bounds: order_id and customer_id at most 255 bytes, the principal 1024 (400
+FIELD_TOO_LONG); the ledger remembers at most --max-ledger-entries keys and
+--max-ledger-bytes of them (SIZE as 1048576, 64KiB, 256MiB, 1GiB), beyond
+which a new key is 507 LEDGER_FULL, nothing charged, while known keys are still
+answered; at most --max-conns connections, one more gets 503
+TOO_MANY_CONNECTIONS. A request's header must arrive within
+--read-header-timeout, the whole request within --read-timeout, its answer
+within --write-timeout (plus --latency); a keep-alive connection idle for
+--idle-timeout is closed.
+
+It listens on 127.0.0.1:8090 by default. Any address that is not loopback is
+an explicit choice, and paysim warns about it on stderr. Prints "paysim
+listening on HOST:PORT" once it accepts connections (--addr 127.0.0.1:0 picks
+a free port). SIGTERM or SIGINT stops it gracefully within SHUTDOWN_TIMEOUT
+(default 25s).
+
+Every flag defaults to its environment variable: PAYSIM_ADDR (default
+127.0.0.1:8090), PAYSIM_FAIL_RATE, PAYSIM_DROP_RATE, PAYSIM_DECLINE_RATE,
+PAYSIM_LATENCY, PAYSIM_SEED, PAYSIM_MAX_LEDGER_ENTRIES (1000000),
+PAYSIM_MAX_LEDGER_BYTES (256MiB), PAYSIM_MAX_CONNS (256),
+PAYSIM_READ_HEADER_TIMEOUT (5s), PAYSIM_READ_TIMEOUT (10s),
+PAYSIM_WRITE_TIMEOUT (30s), PAYSIM_IDLE_TIMEOUT (60s).`
+
+// paysimAddrDefault is loopback: paysim authenticates nobody, so listening
+// on every interface must be asked for.
+const paysimAddrDefault = "127.0.0.1:8090"
 
 func runPaysim(ctx context.Context, args []string) error {
 	failEnv, err := floatEnv("PAYSIM_FAIL_RATE")
@@ -76,18 +106,55 @@ func runPaysim(ctx context.Context, args []string) error {
 			return cli.Usagef("PAYSIM_SEED=%q is not a non-negative integer", v)
 		}
 	}
+	entriesEnv, err := intEnv("PAYSIM_MAX_LEDGER_ENTRIES", paysim.MaxLedgerEntriesDefault)
+	if err != nil {
+		return err
+	}
+	bytesEnv := byteSize(paysim.MaxLedgerBytesDefault)
+	if v := os.Getenv("PAYSIM_MAX_LEDGER_BYTES"); v != "" {
+		if err := bytesEnv.Set(v); err != nil {
+			return cli.Usagef("PAYSIM_MAX_LEDGER_BYTES=%q: %v", v, err)
+		}
+	}
+	connsEnv, err := intEnv("PAYSIM_MAX_CONNS", paysim.MaxConnsDefault)
+	if err != nil {
+		return err
+	}
+	timeouts := []struct {
+		env string
+		def time.Duration
+		val time.Duration
+	}{
+		{"PAYSIM_READ_HEADER_TIMEOUT", paysim.ReadHeaderTimeoutDefault, 0},
+		{"PAYSIM_READ_TIMEOUT", paysim.ReadTimeoutDefault, 0},
+		{"PAYSIM_WRITE_TIMEOUT", paysim.WriteTimeoutDefault, 0},
+		{"PAYSIM_IDLE_TIMEOUT", paysim.IdleTimeoutDefault, 0},
+	}
+	for i := range timeouts {
+		if timeouts[i].val, err = cli.DurationEnv(timeouts[i].env, timeouts[i].def); err != nil {
+			return err
+		}
+	}
 	shutdown, err := cli.DurationEnv("SHUTDOWN_TIMEOUT", 25*time.Second)
 	if err != nil {
 		return err
 	}
 
 	fs := cli.FlagSet("paysim", paysimUsage)
-	addr := fs.String("addr", cli.Env("PAYSIM_ADDR", ":8090"), "listen address (env PAYSIM_ADDR)")
+	addr := fs.String("addr", cli.Env("PAYSIM_ADDR", paysimAddrDefault), "listen address; anything but loopback is warned about (env PAYSIM_ADDR)")
 	failRate := fs.Float64("fail-rate", failEnv, "share of charges failing with 500 before charging, 0..1 (env PAYSIM_FAIL_RATE)")
 	dropRate := fs.Float64("drop-rate", dropEnv, "share of 201s dropped after charging, 0..1 (env PAYSIM_DROP_RATE)")
 	declineRate := fs.Float64("decline-rate", declineEnv, "share of keys declined for good with 402 CARD_DECLINED, 0..1 (env PAYSIM_DECLINE_RATE)")
 	latency := fs.Duration("latency", latencyEnv, "added to every charge (env PAYSIM_LATENCY)")
 	seed := fs.Uint64("seed", seedEnv, "seed of the fault draws (env PAYSIM_SEED)")
+	maxEntries := fs.Int("max-ledger-entries", entriesEnv, "keys the ledger remembers before a new one is 507 LEDGER_FULL (env PAYSIM_MAX_LEDGER_ENTRIES)")
+	maxBytes := bytesEnv
+	fs.Var(&maxBytes, "max-ledger-bytes", "`SIZE` of the ledger's memory budget, e.g. 256MiB (env PAYSIM_MAX_LEDGER_BYTES)")
+	maxConns := fs.Int("max-conns", connsEnv, "connections served at once; one more gets 503 TOO_MANY_CONNECTIONS (env PAYSIM_MAX_CONNS)")
+	readHeader := fs.Duration("read-header-timeout", timeouts[0].val, "bound of a request's header (env PAYSIM_READ_HEADER_TIMEOUT)")
+	read := fs.Duration("read-timeout", timeouts[1].val, "bound of a whole request, body included (env PAYSIM_READ_TIMEOUT)")
+	write := fs.Duration("write-timeout", timeouts[2].val, "bound of an answer from the end of the request's header, plus --latency (env PAYSIM_WRITE_TIMEOUT)")
+	idle := fs.Duration("idle-timeout", timeouts[3].val, "a keep-alive connection idle this long is closed (env PAYSIM_IDLE_TIMEOUT)")
 	verbose := fs.Bool("v", false, "log every charge step to stderr")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -95,13 +162,31 @@ func runPaysim(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return cli.Usagef("unexpected argument %q", fs.Arg(0))
 	}
-	cfg := &paysim.Config{FailRate: *failRate, DropRate: *dropRate, DeclineRate: *declineRate, Latency: *latency, Seed: *seed}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"--read-header-timeout", *readHeader}, {"--read-timeout", *read}, {"--write-timeout", *write}, {"--idle-timeout", *idle}} {
+		if d.v <= 0 {
+			// 0 would mean "no timeout" to net/http: exactly what these
+			// flags exist to prevent.
+			return cli.Usagef("%s %v must be positive", d.name, d.v)
+		}
+	}
+	if *maxEntries <= 0 || *maxConns <= 0 || maxBytes <= 0 {
+		return cli.Usagef("--max-ledger-entries, --max-ledger-bytes and --max-conns must be positive")
+	}
+	cfg := &paysim.Config{
+		FailRate: *failRate, DropRate: *dropRate, DeclineRate: *declineRate, Latency: *latency, Seed: *seed,
+		MaxLedgerEntries: *maxEntries, MaxLedgerBytes: int64(maxBytes), LedgerToken: os.Getenv("PAYSIM_LEDGER_TOKEN"),
+		ReadHeaderTimeout: *readHeader, ReadTimeout: *read, WriteTimeout: *write, IdleTimeout: *idle, MaxConns: *maxConns,
+	}
 	if *verbose {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	sim, err := paysim.New(cfg)
 	if err != nil {
-		// Only flag values can make the config invalid.
+		// Only flag values and PAYSIM_LEDGER_TOKEN can make the config
+		// invalid.
 		return cli.Usagef("%v", err)
 	}
 
@@ -109,13 +194,16 @@ func runPaysim(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", *addr, err)
 	}
-	srv := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
+	if a, ok := ln.Addr().(*net.TCPAddr); ok && !a.IP.IsLoopback() {
+		fmt.Fprintf(os.Stderr, "paysim: warning: %s is not a loopback address: any host that reaches it can charge, "+
+			"and read the ledger of the principal it sends (paysim authenticates nobody)\n", ln.Addr())
+	}
 	if err := sim.Start(ctx); err != nil {
 		ln.Close()
 		return err
 	}
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- sim.Serve(ln) }()
 	fmt.Printf("paysim listening on %s\n", ln.Addr())
 
 	select {
@@ -130,7 +218,7 @@ func runPaysim(ctx context.Context, args []string) error {
 	// closed.
 	sctx, cancel := context.WithTimeout(context.Background(), shutdown)
 	defer cancel()
-	err = srv.Shutdown(sctx)
+	err = sim.Shutdown(sctx)
 	<-served
 	_ = sim.Stop(sctx)
 	st := sim.Stats()
@@ -151,4 +239,41 @@ func floatEnv(key string) (float64, error) {
 		return 0, cli.Usagef("%s=%q is not a number", key, v)
 	}
 	return f, nil
+}
+
+func intEnv(key string, def int) (int, error) {
+	v := os.Getenv(key)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, cli.Usagef("%s=%q is not an integer", key, v)
+	}
+	return n, nil
+}
+
+// byteSize is a flag value of bytes: an integer, optionally with a KiB,
+// MiB or GiB suffix.
+type byteSize int64
+
+func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+
+func (b *byteSize) Set(s string) error {
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = n, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return errors.New("not a size: an integer of bytes, optionally with KiB, MiB or GiB")
+	}
+	*b = byteSize(n * mult)
+	return nil
 }

@@ -31,14 +31,20 @@ type paysimProc struct {
 func (p *paysimProc) stderrText() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.stderrText()
+	return p.stderr.String()
 }
 
 // startPaysim starts the simulator on a free loopback port and waits for
 // its "paysim listening on" line.
 func startPaysim(t *testing.T, env []string, args ...string) *paysimProc {
 	t.Helper()
-	cmd := exec.Command(idemBin, append([]string{"paysim", "--addr", "127.0.0.1:0"}, args...)...)
+	return startPaysimAt(t, "127.0.0.1:0", env, args...)
+}
+
+// startPaysimAt is startPaysim on addr.
+func startPaysimAt(t *testing.T, addr string, env []string, args ...string) *paysimProc {
+	t.Helper()
+	cmd := exec.Command(idemBin, append([]string{"paysim", "--addr", addr}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -219,6 +225,14 @@ func TestPaysimBadInput(t *testing.T) {
 		{"bad env latency", []string{"PAYSIM_LATENCY=soon"}, []string{"paysim"}, "PAYSIM_LATENCY"},
 		{"bad env seed", []string{"PAYSIM_SEED=-1"}, []string{"paysim"}, "PAYSIM_SEED"},
 		{"extra argument", nil, []string{"paysim", "now"}, `unexpected argument "now"`},
+		{"bad size flag", nil, []string{"paysim", "--max-ledger-bytes", "lots"}, "not a size"},
+		{"bad env size", []string{"PAYSIM_MAX_LEDGER_BYTES=1TB"}, []string{"paysim"}, "PAYSIM_MAX_LEDGER_BYTES"},
+		{"bad env entries", []string{"PAYSIM_MAX_LEDGER_ENTRIES=many"}, []string{"paysim"}, "PAYSIM_MAX_LEDGER_ENTRIES"},
+		{"zero entries", nil, []string{"paysim", "--max-ledger-entries", "0"}, "must be positive"},
+		{"bad env conns", []string{"PAYSIM_MAX_CONNS=-"}, []string{"paysim"}, "PAYSIM_MAX_CONNS"},
+		{"zero read timeout", nil, []string{"paysim", "--read-timeout", "0"}, "--read-timeout 0s must be positive"},
+		{"bad env idle timeout", []string{"PAYSIM_IDLE_TIMEOUT=forever"}, []string{"paysim"}, "PAYSIM_IDLE_TIMEOUT"},
+		{"short ledger token", []string{"PAYSIM_LEDGER_TOKEN=short"}, []string{"paysim"}, "LedgerToken"},
 	}
 	for _, tt := range testCases {
 		t.Run(tt.name, func(t *testing.T) {
@@ -230,7 +244,8 @@ func TestPaysimBadInput(t *testing.T) {
 		})
 	}
 	stdout, stderr, code := runIdem(t, nil, "paysim", "--help")
-	if code != 0 || stderr != "" || !strings.Contains(stdout, "POST /charges") || !strings.Contains(stdout, "drop-rate") || !strings.Contains(stdout, "decline-rate") {
+	if code != 0 || stderr != "" || !strings.Contains(stdout, "POST /charges") || !strings.Contains(stdout, "drop-rate") || !strings.Contains(stdout, "decline-rate") ||
+		!strings.Contains(stdout, "127.0.0.1:8090") || !strings.Contains(stdout, "PAYSIM_LEDGER_TOKEN") || !strings.Contains(stdout, "-max-conns") {
 		t.Errorf("--help: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 }
