@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -179,6 +180,19 @@ func DurationEnv(key string, def time.Duration) (time.Duration, error) {
 		return 0, Usagef("%s=%q is not a positive duration (for example 25s)", key, v)
 	}
 	return d, nil
+}
+
+// IntEnv parses an environment variable as a positive integer.
+func IntEnv(key string, def int) (int, error) {
+	v := os.Getenv(key)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0, Usagef("%s=%q is not a positive integer", key, v)
+	}
+	return n, nil
 }
 
 // Connect opens a pool on rawURL and checks that the server answers within

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 
@@ -116,12 +117,13 @@ func TestScrubHidesPasswordsInText(t *testing.T) {
 // URL registered with HideURL (as url.Parse's errors do) is printed without
 // the password. Not parallel: it sets DATABASE_URL.
 func TestRunScrubsTheErrorItPrints(t *testing.T) {
-	t.Setenv("DATABASE_URL", "postgres://u:env-secret@h:port/db")
+	const envURL = "postgres://u:env-secret@h:port/db" // malformed on purpose
+	t.Setenv("DATABASE_URL", envURL)
 	flagURL := "http://h/x?token=flag-secret"
 	cli.HideURL(flagURL)
 	cmds := []*cli.Command{
 		{Name: "fail", Run: func(context.Context, []string) error {
-			_, err := url.Parse("postgres://u:env-secret@h:port/db")
+			_, err := url.Parse(os.Getenv("DATABASE_URL"))
 			return fmt.Errorf("connect: %w; GET %s", err, flagURL)
 		}},
 		{Name: "usage", Run: func(context.Context, []string) error {

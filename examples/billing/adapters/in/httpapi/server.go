@@ -1,0 +1,210 @@
+package httpapi
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Defaults of ServerConfig. Together they bound what an anonymous client
+// can hold: a connection at most MaxConns of, a request's headers for
+// ReadHeaderTimeout, its body for the rest of ReadTimeout, an idle
+// keep-alive for IdleTimeout.
+const (
+	ReadHeaderTimeoutDefault = 5 * time.Second
+	// ReadTimeoutDefault covers the headers and the whole body: a 1 MiB
+	// body (the idempotency middleware's limit) at 100 KB/s fits.
+	ReadTimeoutDefault = 15 * time.Second
+	// WriteTimeoutDefault runs from the end of the headers to the end of
+	// the response, so it must cover the body's read, the handler (its
+	// idempotency lease, 30s by default) and the commit: 60s does.
+	WriteTimeoutDefault = 60 * time.Second
+	// IdleTimeoutDefault closes a keep-alive connection idle that long.
+	// Behind a load balancer, make it longer than the balancer's own idle
+	// timeout, so that the balancer, not billing, closes first.
+	IdleTimeoutDefault = 60 * time.Second
+	// MaxHeaderBytesDefault bounds the request line and headers: an
+	// Idempotency-Key is at most 255 bytes and a token a few dozen.
+	MaxHeaderBytesDefault = 64 << 10
+	// MaxConnsDefault bounds the open connections of one listener.
+	MaxConnsDefault = 512
+)
+
+// ErrInvalidServerConfig is a ServerConfig that validate refuses.
+var ErrInvalidServerConfig = errors.New("billing: invalid HTTP server config")
+
+// ServerConfig bounds the resources of one HTTP listener.
+type ServerConfig struct {
+	// ReadHeaderTimeout bounds reading a request's line and headers
+	// (HTTP_READ_HEADER_TIMEOUT). Defaults to ReadHeaderTimeoutDefault (5s).
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading a whole request, body included
+	// (HTTP_READ_TIMEOUT): a body that never arrives, or arrives a byte at
+	// a time, is cut there. Defaults to ReadTimeoutDefault (15s).
+	ReadTimeout time.Duration
+	// WriteTimeout bounds a request from the end of its headers to the end
+	// of its response (HTTP_WRITE_TIMEOUT); it must exceed ReadTimeout.
+	// Defaults to WriteTimeoutDefault (60s).
+	WriteTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection that sends no new request
+	// (HTTP_IDLE_TIMEOUT). Defaults to IdleTimeoutDefault (60s).
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds the request line and headers
+	// (HTTP_MAX_HEADER_BYTES); larger requests get 431. Defaults to
+	// MaxHeaderBytesDefault (64 KiB).
+	MaxHeaderBytes int
+	// MaxConns bounds the open connections (HTTP_MAX_CONNS); see
+	// LimitListener for the ones beyond it. Defaults to MaxConnsDefault
+	// (512).
+	MaxConns int
+}
+
+// WithDefaults returns c (nil means all defaults) with every zero field
+// set to its default, and validates it: a negative value, or a
+// WriteTimeout not above ReadTimeout, is an error wrapping
+// ErrInvalidServerConfig that names the field.
+func (c *ServerConfig) WithDefaults() (ServerConfig, error) {
+	var out ServerConfig
+	if c != nil {
+		out = *c
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&out.ReadHeaderTimeout, ReadHeaderTimeoutDefault)
+	def(&out.ReadTimeout, ReadTimeoutDefault)
+	def(&out.WriteTimeout, WriteTimeoutDefault)
+	def(&out.IdleTimeout, IdleTimeoutDefault)
+	if out.MaxHeaderBytes == 0 {
+		out.MaxHeaderBytes = MaxHeaderBytesDefault
+	}
+	if out.MaxConns == 0 {
+		out.MaxConns = MaxConnsDefault
+	}
+	bad := func(format string, args ...any) (ServerConfig, error) {
+		return ServerConfig{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidServerConfig}, args...)...)
+	}
+	switch {
+	case out.ReadHeaderTimeout < 0, out.ReadTimeout < 0, out.WriteTimeout < 0, out.IdleTimeout < 0:
+		return bad("ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout must be positive")
+	case out.ReadHeaderTimeout > out.ReadTimeout:
+		return bad("ReadHeaderTimeout %s must not exceed ReadTimeout %s", out.ReadHeaderTimeout, out.ReadTimeout)
+	case out.WriteTimeout <= out.ReadTimeout:
+		return bad("WriteTimeout %s must exceed ReadTimeout %s (it runs from the end of the headers, across the body's read)", out.WriteTimeout, out.ReadTimeout)
+	case out.MaxHeaderBytes < 4<<10:
+		return bad("MaxHeaderBytes %d must be at least 4096", out.MaxHeaderBytes)
+	case out.MaxConns < 1:
+		return bad("MaxConns %d must be at least 1", out.MaxConns)
+	}
+	return out, nil
+}
+
+// NewServer returns the http.Server for h with cfg's timeouts (cfg as
+// returned by WithDefaults). Its listener should be LimitListener(ln,
+// cfg.MaxConns).
+func NewServer(h http.Handler, cfg ServerConfig, log *slog.Logger) *http.Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+// LimitListener returns ln holding at most max connections open at once.
+// A connection beyond the limit is not left waiting in the kernel's
+// backlog (where it would hold a client for as long as the slowest of the
+// others): it is answered at once with 503 problem+json, Retry-After: 1
+// and Connection: close, without reading its request, so that the client
+// (or the load balancer) retries elsewhere or later. At most 64 such
+// answers are in flight; beyond that a connection is closed without one.
+// The slots are freed when the server closes a connection: the read,
+// write and idle timeouts bound how long anyone holds one.
+func LimitListener(ln net.Listener, max int) net.Listener {
+	return &limitListener{Listener: ln, slots: make(chan struct{}, max), refusing: make(chan struct{}, 64)}
+}
+
+type limitListener struct {
+	net.Listener
+	slots    chan struct{}
+	refusing chan struct{}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return &limitConn{Conn: c, release: func() { <-l.slots }}, nil
+		default:
+		}
+		select {
+		case l.refusing <- struct{}{}:
+			go func() {
+				defer func() { <-l.refusing }()
+				refuse(c)
+			}()
+		default:
+			_ = c.Close()
+		}
+	}
+}
+
+// refusal is the whole answer to a connection beyond the limit.
+var refusal = func() []byte {
+	body := `{"type":"https://github.com/idemkit/idem/blob/main/docs/problems.md#too-many-connections","title":"Service Unavailable","status":503,"detail":"too many open connections; retry later","code":"TOO_MANY_CONNECTIONS"}`
+	return []byte("HTTP/1.1 503 Service Unavailable\r\n" +
+		"Content-Type: application/problem+json\r\n" +
+		"Cache-Control: no-store\r\n" +
+		"Retry-After: 1\r\n" +
+		"Connection: close\r\n" +
+		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+}()
+
+// CodeTooManyConnections (503) is LimitListener's refusal.
+const CodeTooManyConnections = "TOO_MANY_CONNECTIONS"
+
+// refuse answers c with the refusal and closes it, within a second. The
+// write side is shut first and what the client sent is drained until it
+// closes: closing a socket with unread data makes the kernel reset the
+// connection, which can destroy the answer before the client reads it.
+func refuse(c net.Conn) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write(refusal); err != nil {
+		return
+	}
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
+}
+
+type limitConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
