@@ -55,14 +55,14 @@ func runBilling(t *testing.T, env []string, args ...string) (string, string, int
 
 // serveProc is a running `billing serve`.
 type serveProc struct {
-	t      *testing.T
-	cmd    *exec.Cmd
-	Addr   string // bound HTTP address
+	t    *testing.T
+	cmd  *exec.Cmd
+	Addr string // bound HTTP address
 	// AdminAddr is the bound admin address (ADMIN_ADDR), if any.
 	AdminAddr string
-	stderr *testbin.Buffer
-	exited chan struct{}
-	code   int
+	stderr    *testbin.Buffer
+	exited    chan struct{}
+	code      int
 }
 
 // startServe runs `billing serve` with env (HTTP_ADDR defaults to
