@@ -66,7 +66,10 @@ func TestScrapesNeverQuery(t *testing.T) {
 	if after == 0 {
 		t.Fatal("the refresh sent no statement")
 	}
-	if _, err := outbox.EnqueueTx(t.Context(), f.db.Pool, outbox.Message{Topic: "t", AggregateType: "a", AggregateID: "1", EventType: "E", Payload: []byte(`{}`)}); err != nil {
+	if err := pgx.BeginFunc(t.Context(), f.db.Pool, func(tx pgx.Tx) error {
+		_, err := outbox.EnqueueTx(t.Context(), tx, outbox.Message{Topic: "t", AggregateType: "a", AggregateID: "1", EventType: "E", Payload: []byte(`{}`)})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
