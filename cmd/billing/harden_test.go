@@ -165,8 +165,8 @@ func TestServeLimitsAreConfigurable(t *testing.T) {
 }
 
 // TestServeNeverPrintsTheDatabasePassword: an unreachable or malformed
-// DATABASE_URL with a password in any form is named in the error line
-// without it.
+// DATABASE_URL with a password in any form is named in billing serve's and
+// billing chaos's error line without it.
 func TestServeNeverPrintsTheDatabasePassword(t *testing.T) {
 	t.Parallel()
 	const secret = "pw-hunter2"
@@ -178,7 +178,12 @@ func TestServeNeverPrintsTheDatabasePassword(t *testing.T) {
 	} {
 		stdout, stderr, code := runBilling(t, []string{"DATABASE_URL=" + u, "KAFKA_BROKERS=127.0.0.1:1", "PAYMENT_URL=http://127.0.0.1:1"}, "serve")
 		if code == 0 || strings.Contains(stdout+stderr, secret) || !strings.Contains(stderr, "database") {
-			t.Errorf("DATABASE_URL=%q: exit %d, output %q %q", u, code, stdout, stderr)
+			t.Errorf("serve, DATABASE_URL=%q: exit %d, output %q %q", u, code, stdout, stderr)
+		}
+		// billing chaos checks the database first (IDEM_BIN is never run).
+		stdout, stderr, code = runBilling(t, []string{"DATABASE_URL=" + u, "IDEM_BIN=/bin/true"}, "chaos", "--orders", "1", "--payments", "0")
+		if code == 0 || strings.Contains(stdout+stderr, secret) || !strings.Contains(stderr, "DATABASE_URL") {
+			t.Errorf("chaos, DATABASE_URL=%q: exit %d, output %q %q", u, code, stdout, stderr)
 		}
 	}
 }
