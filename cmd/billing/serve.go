@@ -7,11 +7,11 @@ import (
 	"net"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/idemkit/idem/examples/billing/adapters/in/httpapi"
 	"github.com/idemkit/idem/examples/billing/app"
 	"github.com/idemkit/idem/internal/cli"
+	"github.com/idemkit/idem/internal/httpserver"
 )
 
 func init() {
@@ -130,7 +130,7 @@ func serve(ctx context.Context, args []string) error {
 	if err != nil {
 		return cli.Usagef("%v", err)
 	}
-	httpCfg, err := httpServerEnv()
+	httpCfg, err := httpserver.FromEnv("HTTP_")
 	if err != nil {
 		return err
 	}
@@ -183,36 +183,4 @@ func serve(ctx context.Context, args []string) error {
 			fmt.Printf("billing: admin listening on %s\n", a)
 		},
 	})
-}
-
-// httpServerEnv reads the HTTP server's limits (HTTP_READ_TIMEOUT and the
-// rest) and checks them together; a bad value is a usage error.
-func httpServerEnv() (httpapi.ServerConfig, error) {
-	var c httpapi.ServerConfig
-	var err error
-	for _, d := range []struct {
-		key string
-		dst *time.Duration
-		def time.Duration
-	}{
-		{"HTTP_READ_HEADER_TIMEOUT", &c.ReadHeaderTimeout, httpapi.ReadHeaderTimeoutDefault},
-		{"HTTP_READ_TIMEOUT", &c.ReadTimeout, httpapi.ReadTimeoutDefault},
-		{"HTTP_WRITE_TIMEOUT", &c.WriteTimeout, httpapi.WriteTimeoutDefault},
-		{"HTTP_IDLE_TIMEOUT", &c.IdleTimeout, httpapi.IdleTimeoutDefault},
-	} {
-		if *d.dst, err = cli.DurationEnv(d.key, d.def); err != nil {
-			return c, err
-		}
-	}
-	if c.MaxHeaderBytes, err = cli.IntEnv("HTTP_MAX_HEADER_BYTES", httpapi.MaxHeaderBytesDefault); err != nil {
-		return c, err
-	}
-	if c.MaxConns, err = cli.IntEnv("HTTP_MAX_CONNS", httpapi.MaxConnsDefault); err != nil {
-		return c, err
-	}
-	out, err := c.WithDefaults()
-	if err != nil {
-		return c, cli.Usagef("%v", err)
-	}
-	return out, nil
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/idemkit/idem/examples/billing/consumer"
 	"github.com/idemkit/idem/examples/billing/scheduler"
 	"github.com/idemkit/idem/examples/billing/usecase"
+	"github.com/idemkit/idem/internal/httpserver"
 	"github.com/idemkit/idem/kafka"
 	"github.com/idemkit/idem/lifecycle"
 	"github.com/idemkit/idem/outbox"
@@ -145,19 +146,19 @@ type Config struct {
 	// HTTPAddr is the listen address. Defaults to HTTPAddrDefault (":8080").
 	HTTPAddr string
 	// HTTP bounds the API listener's resources: timeouts, header size,
-	// open connections. Defaults to nil: httpapi's defaults (see
-	// httpapi.ServerConfig).
-	HTTP *httpapi.ServerConfig
+	// open connections. Defaults to nil: httpserver's defaults (see
+	// httpserver.Config).
+	HTTP *httpserver.Config
 	// Tokens are the bearer tokens. Required with the http role. On a
 	// listener that is not loopback, Run refuses the demo tokens and
 	// secrets shorter than httpapi.MinTokenLength (httpapi.CheckTokens);
 	// on loopback it logs a warning for each.
 	Tokens []httpapi.Token
-	// AdminAddr is the admin listener's address (ADMIN_ADDR): GET
-	// /metrics, /healthz and /readyz, with its own connection limit, so
-	// that scrapes never take the API's connections. When set, /metrics
-	// leaves the API listener. Defaults to "" (no admin listener: /metrics
-	// is on the API listener).
+	// AdminAddr is the admin listener's address (ADMIN_ADDR), run with
+	// the http role: GET /metrics, /healthz and /readyz, with its own
+	// connection limit, so that scrapes never take the API's connections.
+	// When set, /metrics leaves the API listener. Defaults to "" (no admin
+	// listener: /metrics is on the API listener).
 	AdminAddr string
 	// MetricsToken is the bearer token /metrics requires
 	// (BILLING_METRICS_TOKEN), on whichever listener serves it. Without it
@@ -368,8 +369,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				return fmt.Errorf("billing: ADMIN_ADDR %s is not loopback: set BILLING_METRICS_TOKEN, or bind it to 127.0.0.1", aln.Addr())
 			}
 			scrape.Anonymous = !adminPublic
-			admin := httpapi.NewServer(httpapi.AdminHandler(metrics.Handler(scrape), g.ReadyHandler()), srvCfg, log)
-			httpStage = append(httpStage, lifecycle.NewHTTPServer(admin, httpapi.LimitListener(aln, adminMaxConns)))
+			admin := httpserver.New(httpapi.AdminHandler(metrics.Handler(scrape), g.ReadyHandler()), srvCfg, log)
+			httpStage = append(httpStage, lifecycle.NewHTTPServer(admin, httpserver.LimitListener(aln, adminMaxConns)))
 			if cfg.OnAdminListening != nil {
 				cfg.OnAdminListening(aln.Addr())
 			}
@@ -398,8 +399,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		})
 		kafkaStage = append(kafkaStage, lifecycle.Closer(adminCl.Close))
 
-		srv := httpapi.NewServer(h, srvCfg, log)
-		httpStage = append(httpStage, lifecycle.NewHTTPServer(srv, httpapi.LimitListener(ln, srvCfg.MaxConns)))
+		srv := httpserver.New(h, srvCfg, log)
+		httpStage = append(httpStage, lifecycle.NewHTTPServer(srv, httpserver.LimitListener(ln, srvCfg.MaxConns)))
 		// The idempotency records' retention purge and the gauges' refresh
 		// stop with the relay's background loops, after the last request.
 		relayStage = append(relayStage, mw, lifecycle.Go("metrics-gauges", gauges.Run))

@@ -2,9 +2,9 @@
 // docs/contracts.md behind bearer-token principals, every POST behind the
 // idempotency middleware in transactional mode (the handler's writes and
 // its outbox events commit with the idempotency record), errors as
-// problem+json, and /healthz, /readyz, /metrics; and the HTTP server that
-// serves it with bounded resources for anonymous clients (NewServer,
-// LimitListener). docs/security.md lists every limit.
+// problem+json, and /healthz, /readyz, /metrics (served by
+// internal/httpserver's bounded server). docs/security.md lists every
+// limit.
 package httpapi
 
 import (

@@ -7,16 +7,15 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/examples/billing/adapters/in/httpapi"
+	"github.com/idemkit/idem/internal/httpserver"
 )
 
 // serve runs f's handler behind NewServer and LimitListener on a loopback
 // port, with cfg's limits; it returns the address.
-func (f *fixture) serve(t *testing.T, cfg httpapi.ServerConfig) string {
+func (f *fixture) serve(t *testing.T, cfg httpserver.Config) string {
 	t.Helper()
 	c, err := cfg.WithDefaults()
 	if err != nil {
@@ -26,11 +25,11 @@ func (f *fixture) serve(t *testing.T, cfg httpapi.ServerConfig) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httpapi.NewServer(f.h, c, nil)
+	srv := httpserver.New(f.h, c, nil)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = srv.Serve(httpapi.LimitListener(ln, c.MaxConns))
+		_ = srv.Serve(httpserver.LimitListener(ln, c.MaxConns))
 	}()
 	t.Cleanup(func() {
 		_ = srv.Close()
@@ -79,7 +78,7 @@ var errClosed = errors.New("closed by the server")
 func TestSlowBodyIsCutAtReadTimeout(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	addr := f.serve(t, httpapi.ServerConfig{ReadHeaderTimeout: 200 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 5 * time.Second})
+	addr := f.serve(t, httpserver.Config{ReadHeaderTimeout: 200 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 5 * time.Second})
 	for _, head := range []string{
 		"Content-Length: 100\r\n\r\n{\"customer_id\"",
 		"Transfer-Encoding: chunked\r\n\r\n4\r\n{\"cu\r\n",
@@ -101,7 +100,7 @@ func TestSlowBodyIsCutAtReadTimeout(t *testing.T) {
 func TestIdleKeepAliveIsClosed(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	addr := f.serve(t, httpapi.ServerConfig{IdleTimeout: 300 * time.Millisecond})
+	addr := f.serve(t, httpserver.Config{IdleTimeout: 300 * time.Millisecond})
 	c := dial(t, addr, 20*time.Second)
 	br := bufio.NewReader(c)
 	fmt.Fprint(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -123,7 +122,7 @@ func TestIdleKeepAliveIsClosed(t *testing.T) {
 func TestUnauthenticatedSlowPOSTGets401AtOnce(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	addr := f.serve(t, httpapi.ServerConfig{ReadTimeout: 30 * time.Second, WriteTimeout: 40 * time.Second})
+	addr := f.serve(t, httpserver.Config{ReadTimeout: 30 * time.Second, WriteTimeout: 40 * time.Second})
 	for _, tt := range []struct{ auth, head string }{
 		{"", "Content-Length: 1000\r\n\r\n{\"customer_id\""},
 		{"Authorization: Bearer wrong\r\n", "Content-Length: 1000\r\n\r\n{\"customer_id\""},
@@ -135,76 +134,6 @@ func TestUnauthenticatedSlowPOSTGets401AtOnce(t *testing.T) {
 		resp, err := readResponse(t, c, tt.head)
 		if err != nil || resp.StatusCode != http.StatusUnauthorized || !resp.Close {
 			t.Errorf("%q %q: %v %v, want 401 with Connection: close", tt.auth, tt.head, resp, err)
-		}
-	}
-}
-
-// TestConnectionsBeyondTheLimitAreRefused: with MaxConns 3 and three
-// connections held open (sending nothing), a fourth gets 503
-// TOO_MANY_CONNECTIONS with Retry-After at once and is closed; once one of
-// the three closes, a new connection is served.
-func TestConnectionsBeyondTheLimitAreRefused(t *testing.T) {
-	t.Parallel()
-	f := setup(t)
-	addr := f.serve(t, httpapi.ServerConfig{MaxConns: 3, ReadHeaderTimeout: 30 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 40 * time.Second})
-	var held []net.Conn
-	for range 3 {
-		held = append(held, dial(t, addr, time.Minute))
-	}
-	// The three are accepted in order; wait until the server holds them
-	// all, proven by a fourth being refused.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c := dial(t, addr, 10*time.Second)
-		fmt.Fprint(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-		resp, err := readResponse(t, c, "fourth connection")
-		_ = c.Close()
-		if err == nil && resp.StatusCode == http.StatusServiceUnavailable {
-			if resp.Header.Get("Retry-After") != "1" || resp.Header.Get("Content-Type") != "application/problem+json" {
-				t.Fatalf("refusal: %v", resp.Header)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a fourth connection was served (%v %v) while three were held", resp, err)
-		}
-	}
-	_ = held[0].Close()
-	deadline = time.Now().Add(20 * time.Second)
-	for {
-		c := dial(t, addr, 10*time.Second)
-		fmt.Fprint(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-		resp, err := readResponse(t, c, "after a slot freed")
-		_ = c.Close()
-		if err == nil && resp.StatusCode == http.StatusOK {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no connection served after a slot freed: %v %v", resp, err)
-		}
-		time.Sleep(10 * time.Millisecond) // polling interval
-	}
-}
-
-func TestServerConfigValidate(t *testing.T) {
-	t.Parallel()
-	def, err := (*httpapi.ServerConfig)(nil).WithDefaults()
-	if err != nil || def.ReadTimeout != httpapi.ReadTimeoutDefault || def.MaxConns != httpapi.MaxConnsDefault || def.WriteTimeout <= def.ReadTimeout {
-		t.Fatalf("defaults %+v %v", def, err)
-	}
-	for _, tt := range []struct {
-		cfg   httpapi.ServerConfig
-		field string
-	}{
-		{httpapi.ServerConfig{ReadTimeout: -1}, "ReadTimeout"},
-		{httpapi.ServerConfig{ReadTimeout: time.Minute, WriteTimeout: time.Minute}, "WriteTimeout"},
-		{httpapi.ServerConfig{ReadHeaderTimeout: time.Minute, ReadTimeout: time.Second}, "ReadHeaderTimeout"},
-		{httpapi.ServerConfig{MaxConns: -1}, "MaxConns"},
-		{httpapi.ServerConfig{MaxHeaderBytes: 100}, "MaxHeaderBytes"},
-	} {
-		_, err := tt.cfg.WithDefaults()
-		if !errors.Is(err, httpapi.ErrInvalidServerConfig) || !strings.Contains(err.Error(), tt.field) {
-			t.Errorf("%+v: %v, want an error naming %s", tt.cfg, err, tt.field)
 		}
 	}
 }

@@ -1,4 +1,14 @@
-package httpapi
+// Package httpserver builds the HTTP servers of idem's programs with
+// bounded resources for anonymous clients: read-header, read, write and
+// idle timeouts, a header size bound (New), and a bound on open
+// connections that answers the ones beyond it at once (LimitListener).
+// Config.FromEnv reads the limits from PREFIX_READ_TIMEOUT and the like.
+//
+// It guarantees that no connection is held longer than its timeouts allow
+// and that at most MaxConns are open; it does not rate-limit requests, and
+// a handler that reads its body must still bound it (http.MaxBytesReader or
+// the idempotency middleware's MaxRequestBody).
+package httpserver
 
 import (
 	"errors"
@@ -10,9 +20,11 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/internal/cli"
 )
 
-// Defaults of ServerConfig. Together they bound what an anonymous client
+// Defaults of Config. Together they bound what an anonymous client
 // can hold: a connection at most MaxConns of, a request's headers for
 // ReadHeaderTimeout, its body for the rest of ReadTimeout, an idle
 // keep-alive for IdleTimeout.
@@ -36,11 +48,12 @@ const (
 	MaxConnsDefault = 512
 )
 
-// ErrInvalidServerConfig is a ServerConfig that validate refuses.
-var ErrInvalidServerConfig = errors.New("billing: invalid HTTP server config")
+// ErrInvalidConfig is a Config that WithDefaults refuses.
+var ErrInvalidConfig = errors.New("httpserver: invalid config")
 
-// ServerConfig bounds the resources of one HTTP listener.
-type ServerConfig struct {
+// Config bounds the resources of one HTTP listener. The environment
+// variable of each field is FromEnv's, with billing's prefix HTTP_.
+type Config struct {
 	// ReadHeaderTimeout bounds reading a request's line and headers
 	// (HTTP_READ_HEADER_TIMEOUT). Defaults to ReadHeaderTimeoutDefault (5s).
 	ReadHeaderTimeout time.Duration
@@ -65,12 +78,48 @@ type ServerConfig struct {
 	MaxConns int
 }
 
+// FromEnv reads c's fields from prefix+READ_HEADER_TIMEOUT,
+// prefix+READ_TIMEOUT, prefix+WRITE_TIMEOUT, prefix+IDLE_TIMEOUT (Go
+// durations), prefix+MAX_HEADER_BYTES and prefix+MAX_CONNS (positive
+// integers), each unset one left at its default, and returns the result
+// of WithDefaults. A bad value is a *cli.UsageError naming the variable or
+// the field.
+func FromEnv(prefix string) (Config, error) {
+	var c Config
+	var err error
+	for _, d := range []struct {
+		key string
+		dst *time.Duration
+		def time.Duration
+	}{
+		{"READ_HEADER_TIMEOUT", &c.ReadHeaderTimeout, ReadHeaderTimeoutDefault},
+		{"READ_TIMEOUT", &c.ReadTimeout, ReadTimeoutDefault},
+		{"WRITE_TIMEOUT", &c.WriteTimeout, WriteTimeoutDefault},
+		{"IDLE_TIMEOUT", &c.IdleTimeout, IdleTimeoutDefault},
+	} {
+		if *d.dst, err = cli.DurationEnv(prefix+d.key, d.def); err != nil {
+			return Config{}, err
+		}
+	}
+	if c.MaxHeaderBytes, err = cli.IntEnv(prefix+"MAX_HEADER_BYTES", MaxHeaderBytesDefault); err != nil {
+		return Config{}, err
+	}
+	if c.MaxConns, err = cli.IntEnv(prefix+"MAX_CONNS", MaxConnsDefault); err != nil {
+		return Config{}, err
+	}
+	out, err := c.WithDefaults()
+	if err != nil {
+		return Config{}, cli.Usagef("%v", err)
+	}
+	return out, nil
+}
+
 // WithDefaults returns c (nil means all defaults) with every zero field
 // set to its default, and validates it: a negative value, or a
 // WriteTimeout not above ReadTimeout, is an error wrapping
-// ErrInvalidServerConfig that names the field.
-func (c *ServerConfig) WithDefaults() (ServerConfig, error) {
-	var out ServerConfig
+// ErrInvalidConfig that names the field.
+func (c *Config) WithDefaults() (Config, error) {
+	var out Config
 	if c != nil {
 		out = *c
 	}
@@ -89,8 +138,8 @@ func (c *ServerConfig) WithDefaults() (ServerConfig, error) {
 	if out.MaxConns == 0 {
 		out.MaxConns = MaxConnsDefault
 	}
-	bad := func(format string, args ...any) (ServerConfig, error) {
-		return ServerConfig{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidServerConfig}, args...)...)
+	bad := func(format string, args ...any) (Config, error) {
+		return Config{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}
 	switch {
 	case out.ReadHeaderTimeout < 0, out.ReadTimeout < 0, out.WriteTimeout < 0, out.IdleTimeout < 0:
@@ -107,10 +156,10 @@ func (c *ServerConfig) WithDefaults() (ServerConfig, error) {
 	return out, nil
 }
 
-// NewServer returns the http.Server for h with cfg's timeouts (cfg as
-// returned by WithDefaults). Its listener should be LimitListener(ln,
-// cfg.MaxConns).
-func NewServer(h http.Handler, cfg ServerConfig, log *slog.Logger) *http.Server {
+// New returns the http.Server for h with cfg's timeouts (cfg as returned
+// by WithDefaults); its ErrorLog goes to log at level WARN (nil:
+// slog.Default()). Serve it on LimitListener(ln, cfg.MaxConns).
+func New(h http.Handler, cfg Config, log *slog.Logger) *http.Server {
 	if log == nil {
 		log = slog.Default()
 	}
