@@ -286,7 +286,7 @@ func (m *Middleware) serveTwoStep(next http.Handler, w http.ResponseWriter, r *h
 	// (with a new fence) and this run's completion, if it ever came, would
 	// be rejected.
 	status := rec.statusCode()
-	store := !panicked && m.cfg.StoreStatus(status)
+	store := !panicked && !rec.noStore && m.cfg.StoreStatus(status)
 	if rec.status == 0 && ctx.Err() != nil && !m.cfg.KeepOnClientGone {
 		store = false // the client left and the handler wrote nothing
 	}
@@ -331,7 +331,7 @@ func (m *Middleware) serveTx(next http.Handler, w http.ResponseWriter, r *http.R
 	cancel()
 
 	status := rec.statusCode()
-	store := !panicked && m.cfg.StoreStatus(status)
+	store := !panicked && !rec.noStore && m.cfg.StoreStatus(status)
 	if ctx.Err() != nil && !m.cfg.KeepOnClientGone {
 		store = false // the client left: roll back, its retry runs afresh
 	}

@@ -13,6 +13,35 @@ type recorder struct {
 	header http.Header
 	status int
 	body   bytes.Buffer
+	// noStore: the handler called DoNotStore.
+	noStore bool
+}
+
+// DoNotStore tells the middleware not to store the response the handler is
+// writing on w (or on a writer wrapping it with an Unwrap method): the
+// response is delivered once, unreplayed, and the key is released as after
+// a 5xx, so a retry runs the handler again. It is for a request refused
+// before the handler acted, such as a validation failure: nothing happened
+// that a retry must not repeat, so there is nothing to replay (Stripe's
+// rule), and storing such a 4xx would let a client fill the store with
+// whatever its refused requests echo. In ModeTransactional nothing of the
+// request remains (the claim rolls back), so the client may also correct
+// the body and resend it under the same key; in ModeTwoStep the released
+// claim keeps its fingerprint, and another body under that key is still
+// IDEMPOTENCY_KEY_REUSED. It reports whether the middleware's writer was
+// found; outside the middleware it does nothing.
+func DoNotStore(w http.ResponseWriter) bool {
+	for {
+		switch x := w.(type) {
+		case *recorder:
+			x.noStore = true
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return false
+		}
+	}
 }
 
 func newRecorder(w http.ResponseWriter) *recorder {

@@ -55,12 +55,14 @@ func runBilling(t *testing.T, env []string, args ...string) (string, string, int
 
 // serveProc is a running `billing serve`.
 type serveProc struct {
-	t      *testing.T
-	cmd    *exec.Cmd
-	Addr   string // bound HTTP address
-	stderr *testbin.Buffer
-	exited chan struct{}
-	code   int
+	t    *testing.T
+	cmd  *exec.Cmd
+	Addr string // bound HTTP address
+	// AdminAddr is the bound admin address (ADMIN_ADDR), if any.
+	AdminAddr string
+	stderr    *testbin.Buffer
+	exited    chan struct{}
+	code      int
 }
 
 // startServe runs `billing serve` with env (HTTP_ADDR defaults to
@@ -86,12 +88,16 @@ func startServe(t *testing.T, env []string, args ...string) *serveProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	addrCh := make(chan string, 1)
+	addrCh, adminCh := make(chan string, 1), make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			if a, ok := strings.CutPrefix(sc.Text(), "billing: listening on "); ok {
 				addrCh <- a
+			}
+			// Printed before the API's line.
+			if a, ok := strings.CutPrefix(sc.Text(), "billing: admin listening on "); ok {
+				adminCh <- a
 			}
 		}
 		err := cmd.Wait()
@@ -129,6 +135,10 @@ func startServe(t *testing.T, env []string, args ...string) *serveProc {
 	}
 	select {
 	case p.Addr = <-addrCh:
+		select {
+		case p.AdminAddr = <-adminCh:
+		default:
+		}
 	case <-p.exited:
 		t.Fatalf("billing serve exited %d before listening; stderr:\n%s", p.code, p.stderr.String())
 	case <-time.After(90 * time.Second):

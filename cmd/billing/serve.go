@@ -11,6 +11,7 @@ import (
 	"github.com/idemkit/idem/examples/billing/adapters/in/httpapi"
 	"github.com/idemkit/idem/examples/billing/app"
 	"github.com/idemkit/idem/internal/cli"
+	"github.com/idemkit/idem/internal/httpserver"
 )
 
 func init() {
@@ -42,7 +43,25 @@ Environment:
   PAYMENT_URL         payment provider base URL, e.g. http://127.0.0.1:8090 (charger role)
   HTTP_ADDR           listen address (default :8080)
   SHUTDOWN_TIMEOUT    bound of the whole stop (default 25s)
-  BILLING_API_TOKENS  token:principal[,token:principal...] (default: ` + httpapi.DefaultTokens + `)
+  BILLING_API_TOKENS  token:principal[,token:principal...]; one secret may not
+                      appear twice. Unset: the public demo tokens (` + httpapi.DefaultTokens + `),
+                      accepted on a loopback HTTP_ADDR only, with a warning; on
+                      any other address every secret needs 16 bytes or more (MinTokenLength)
+  ADMIN_ADDR          admin listener for GET /metrics, /healthz, /readyz (default:
+                      none, /metrics is on HTTP_ADDR); one that is not loopback
+                      needs BILLING_METRICS_TOKEN
+  BILLING_METRICS_TOKEN  bearer token GET /metrics requires (default: none:
+                      anonymous on a loopback listener, refused elsewhere)
+  METRICS_REFRESH_INTERVAL  how often the outbox and consumer-lag gauges are
+                      recomputed in the background (default 5s)
+  HTTP_READ_HEADER_TIMEOUT  bound on reading a request's headers (default 5s)
+  HTTP_READ_TIMEOUT   bound on reading a whole request, body included (default 15s)
+  HTTP_WRITE_TIMEOUT  bound from the end of the headers to the end of the
+                      response; above HTTP_READ_TIMEOUT (default 60s)
+  HTTP_IDLE_TIMEOUT   an idle keep-alive connection is closed after it (default 60s)
+  HTTP_MAX_HEADER_BYTES  bound on the request line and headers (default 65536)
+  HTTP_MAX_CONNS      open connections per listener; beyond it a connection is
+                      answered 503 at once and closed (default 512)
   KAFKA_SESSION_TIMEOUT     consumer group session timeout: how long a killed
                             instance keeps its partitions (default 10s; the
                             broker allows 6s..30m by default)
@@ -111,6 +130,14 @@ func serve(ctx context.Context, args []string) error {
 	if err != nil {
 		return cli.Usagef("%v", err)
 	}
+	httpCfg, err := httpserver.FromEnv("HTTP_")
+	if err != nil {
+		return err
+	}
+	refresh, err := cli.DurationEnv("METRICS_REFRESH_INTERVAL", httpapi.RefreshIntervalDefault)
+	if err != nil {
+		return err
+	}
 	var brokers []string
 	for _, b := range strings.Split(os.Getenv("KAFKA_BROKERS"), ",") {
 		if b = strings.TrimSpace(b); b != "" {
@@ -134,7 +161,11 @@ func serve(ctx context.Context, args []string) error {
 		Brokers:           brokers,
 		PaymentURL:        paymentURL,
 		HTTPAddr:          cli.Env("HTTP_ADDR", app.HTTPAddrDefault),
+		HTTP:              &httpCfg,
 		Tokens:            tokens,
+		AdminAddr:         os.Getenv("ADMIN_ADDR"),
+		MetricsToken:      os.Getenv("BILLING_METRICS_TOKEN"),
+		MetricsRefresh:    refresh,
 		Roles:             &r,
 		ShutdownTimeout:   timeout,
 		DrainDelay:        *drain,
@@ -147,6 +178,9 @@ func serve(ctx context.Context, args []string) error {
 		Logger:            log,
 		OnListening: func(a net.Addr) {
 			fmt.Printf("billing: listening on %s\n", a)
+		},
+		OnAdminListening: func(a net.Addr) {
+			fmt.Printf("billing: admin listening on %s\n", a)
 		},
 	})
 }

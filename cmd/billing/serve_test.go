@@ -295,7 +295,14 @@ func TestFlowChargesEverythingOnce(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range pay {
-				r := c.must(t, "POST", "/payments", fmt.Sprintf("pay-%d", i), fmt.Sprintf(`{"order_id":%q,"customer_id":"c%d","amount_kopecks":%d}`, ids[i], i, 500+i))
+				// A payment is for a NEW order (a confirmed one is charged
+				// its total by the confirm flow): each on an order of its own.
+				r := c.must(t, "POST", "/orders", fmt.Sprintf("pay-order-%d", i), fmt.Sprintf(`{"customer_id":"c%d","total_kopecks":%d}`, i, 1000+i))
+				if r.Status != http.StatusCreated {
+					t.Errorf("order for payment %d: %d %s", i, r.Status, r.Body)
+					continue
+				}
+				r = c.must(t, "POST", "/payments", fmt.Sprintf("pay-%d", i), fmt.Sprintf(`{"order_id":%q,"customer_id":"c%d","amount_kopecks":%d}`, r.json(t)["id"], i, 500+i))
 				if r.Status != http.StatusCreated || r.json(t)["status"] != "PENDING" {
 					t.Errorf("payment %d: %d %s", i, r.Status, r.Body)
 				}
@@ -319,11 +326,21 @@ func TestFlowChargesEverythingOnce(t *testing.T) {
 	if r.Status != http.StatusOK || r.json(t)["status"] != "CHARGED" {
 		t.Fatalf("GET order: %d %s", r.Status, r.Body)
 	}
-	m := c.must(t, "GET", "/metrics", "", "")
+	// The outbox and lag gauges are refreshed in the background (every 5s):
+	// poll until a refresh has seen the drained outbox.
+	var m apiResponse
+	deadline := time.Now().Add(time.Minute)
+	for {
+		m = c.must(t, "GET", "/metrics", "", "")
+		if strings.Contains(string(m.Body), "billing_outbox_pending 0\n") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // polling interval
+	}
 	for _, want := range []string{
-		`billing_http_requests_total{method="POST",route="POST /orders",status="201"} 200`,
+		`billing_http_requests_total{method="POST",route="POST /orders",status="201"} 300`,
 		`billing_idempotency_events_total{kind="replay"} 1`,
-		"billing_outbox_pending 0",
+		"billing_outbox_pending 0\n",
 		"billing_consumer_lag{",
 	} {
 		if !strings.Contains(string(m.Body), want) {
@@ -401,7 +418,11 @@ func TestBadInputIsProblemAndWritesNothing(t *testing.T) {
 		{"payment unknown order", c, "POST", "/payments", "k11", `{"order_id":"ord_nope","customer_id":"c1","amount_kopecks":100}`, 404, "ORDER_NOT_FOUND"},
 		{"payment zero amount", c, "POST", "/payments", "k12", `{"order_id":"` + id + `","customer_id":"c1","amount_kopecks":0}`, 422, "VALIDATION_FAILED"},
 		{"payment negative amount", c, "POST", "/payments", "k13", `{"order_id":"` + id + `","customer_id":"c1","amount_kopecks":-1}`, 422, "VALIDATION_FAILED"},
-		{"payment other customer", c, "POST", "/payments", "k14", `{"order_id":"` + id + `","customer_id":"c2","amount_kopecks":10}`, 422, "VALIDATION_FAILED"},
+		{"payment other customer", c, "POST", "/payments", "k14", `{"order_id":"` + other + `","customer_id":"c1","amount_kopecks":10}`, 422, "CUSTOMER_MISMATCH"},
+		{"payment on a confirmed order", c, "POST", "/payments", "k16", `{"order_id":"` + id + `","customer_id":"c1","amount_kopecks":10}`, 409, "ORDER_STATE_CONFLICT"},
+		{"payment above the total", c, "POST", "/payments", "k17", `{"order_id":"` + other + `","customer_id":"c2","amount_kopecks":301}`, 409, "AMOUNT_EXCEEDS_OUTSTANDING"},
+		{"payment above the bound", c, "POST", "/payments", "k18", `{"order_id":"` + other + `","customer_id":"c2","amount_kopecks":9223372036854775807}`, 422, "AMOUNT_TOO_LARGE"},
+		{"NUL in an id", c, "GET", "/orders/ord%00", "", "", 400, "INVALID_TEXT"},
 		{"payment malformed", c, "POST", "/payments", "k15", `[1,2]`, 400, "MALFORMED_JSON"},
 		{"key reused, other body", c, "POST", "/orders", "create-1", `{"customer_id":"c1","total_kopecks":5}`, 409, "IDEMPOTENCY_KEY_REUSED"},
 		{"key reused, other order", c, "POST", "/orders/" + other + "/confirm", "confirm-1", "", 409, "IDEMPOTENCY_KEY_REUSED"},

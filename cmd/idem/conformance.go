@@ -88,6 +88,10 @@ func runConformance(ctx context.Context, args []string) error {
 	if *url == "" {
 		return cli.Usagef("--url is required")
 	}
+	// A URL may carry credentials (user:password@, ?token=): they never
+	// reach the report or an error line.
+	cli.HideURL(*url)
+	cli.HideURL(*countURL)
 	if *timeout <= 0 || *settle <= 0 {
 		return cli.Usagef("--timeout and --settle must be positive")
 	}
@@ -124,6 +128,7 @@ func runConformance(ctx context.Context, args []string) error {
 	if err != nil {
 		return cli.Usagef("%s", strings.TrimPrefix(err.Error(), "idemtest: "))
 	}
+	scrubReport(rep, *url, *countURL)
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
@@ -137,6 +142,23 @@ func runConformance(ctx context.Context, args []string) error {
 		return fmt.Errorf("%d of %d checks failed: %s", len(failed), len(rep.Results), strings.Join(failed, ", "))
 	}
 	return nil
+}
+
+// scrubReport hides the secrets of urls (user-info password, secret query
+// parameters) everywhere the report could repeat them: the target, the
+// reasons, the notes and the transport errors of the evidence.
+func scrubReport(rep *idemtest.Report, urls ...string) {
+	rep.Target = cli.Scrub(rep.Target, urls...)
+	for i := range rep.Results {
+		res := &rep.Results[i]
+		res.Reason = cli.Scrub(res.Reason, urls...)
+		for j := range res.Notes {
+			res.Notes[j] = cli.Scrub(res.Notes[j], urls...)
+		}
+		for j := range res.Evidence {
+			res.Evidence[j].Error = cli.Scrub(res.Evidence[j].Error, urls...)
+		}
+	}
 }
 
 // readBodyFlag reads a body file; a missing or unreadable file is bad

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -90,12 +91,32 @@ func Run(prog, summary string, cmds []*Command, args []string, stdout, stderr io
 	case err == nil, errors.Is(err, errHelp):
 		return 0
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "%s %s: %s\n", prog, cmd.Name, oneLine(ue.Msg))
+		fmt.Fprintf(stderr, "%s %s: %s\n", prog, cmd.Name, oneLine(Scrub(ue.Msg, hiddenURLs()...)))
 		return 2
 	default:
-		fmt.Fprintf(stderr, "%s %s: %s\n", prog, cmd.Name, oneLine(err.Error()))
+		fmt.Fprintf(stderr, "%s %s: %s\n", prog, cmd.Name, oneLine(Scrub(err.Error(), hiddenURLs()...)))
 		return 1
 	}
+}
+
+var hidden struct {
+	mu   sync.Mutex
+	urls []string
+}
+
+// HideURL registers a URL (a --database-url or --url flag's value) whose
+// secrets Run hides in the error it prints, whatever library produced the
+// message. DATABASE_URL is always hidden.
+func HideURL(raw string) {
+	hidden.mu.Lock()
+	defer hidden.mu.Unlock()
+	hidden.urls = append(hidden.urls, raw)
+}
+
+func hiddenURLs() []string {
+	hidden.mu.Lock()
+	defer hidden.mu.Unlock()
+	return append([]string{os.Getenv("DATABASE_URL")}, hidden.urls...)
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
@@ -161,9 +182,23 @@ func DurationEnv(key string, def time.Duration) (time.Duration, error) {
 	return d, nil
 }
 
+// IntEnv parses an environment variable as a positive integer.
+func IntEnv(key string, def int) (int, error) {
+	v := os.Getenv(key)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0, Usagef("%s=%q is not a positive integer", key, v)
+	}
+	return n, nil
+}
+
 // Connect opens a pool on rawURL and checks that the server answers within
 // 10 seconds. Errors are one line and never contain the password.
 func Connect(ctx context.Context, rawURL string) (*pgxpool.Pool, error) {
+	HideURL(rawURL)
 	cfg, err := pgxpool.ParseConfig(rawURL)
 	if err != nil {
 		return nil, Usagef("database URL %s is malformed", Redact(rawURL))
@@ -193,12 +228,190 @@ func rootCause(err error) error {
 	}
 }
 
-// Redact hides the password of a URL; keyword/value strings are shown as
-// "(connection string)".
+// redacted replaces every secret Redact hides.
+const redacted = "xxxxx"
+
+// Redact returns a database or HTTP URL fit for a log line or an error: the
+// password of the user-info part and the value of every secret query
+// parameter (password, sslpassword, or any name containing "pass",
+// "secret", "token" or "pwd", in any case) become xxxxx, as does the
+// password of a keyword/value connection string ("host=h password=p"). A
+// string that parses as neither is never shown: Redact answers
+// "(unparseable URL)" or "(connection string)" instead.
 func Redact(raw string) string {
+	if raw == "" {
+		return ""
+	}
+	if !strings.Contains(raw, "://") {
+		kv, ok := parseKeywordValue(raw)
+		if !ok {
+			return "(connection string)"
+		}
+		parts := make([]string, len(kv))
+		for i, p := range kv {
+			v := p.raw
+			if secretName(p.key) {
+				v = redacted
+			}
+			parts[i] = p.key + "=" + v
+		}
+		return strings.Join(parts, " ")
+	}
 	u, err := url.Parse(raw)
 	if err != nil || u.Scheme == "" {
-		return "(connection string)"
+		return "(unparseable URL)"
 	}
+	if u.RawQuery != "" {
+		pairs := strings.Split(u.RawQuery, "&")
+		for i, p := range pairs {
+			// The whole pair, not only its name: a value can nest a
+			// query of its own (?next=/x?password=...).
+			k, _, _ := strings.Cut(p, "=")
+			if text, err := url.QueryUnescape(p); err != nil || secretName(text) {
+				pairs[i] = k + "=" + redacted
+			}
+		}
+		u.RawQuery = strings.Join(pairs, "&")
+	}
+	// A fragment is never sent anywhere, and one can hold anything.
+	u.Fragment, u.RawFragment = "", ""
 	return u.Redacted()
+}
+
+// Scrub returns s with every secret of the URLs raws hidden: each URL as a
+// whole is replaced by its Redact form, and each password (in its escaped
+// and its decoded form) wherever else it appears, for the error messages of
+// libraries that repeat a URL or a part of it. Secrets shorter than four
+// bytes are hidden only as part of their URL: replacing them everywhere
+// would garble the message.
+func Scrub(s string, raws ...string) string {
+	for _, raw := range raws {
+		if raw == "" {
+			continue
+		}
+		s = strings.ReplaceAll(s, raw, Redact(raw))
+		for _, secret := range secretsOf(raw) {
+			if len(secret) >= 4 {
+				s = strings.ReplaceAll(s, secret, redacted)
+			}
+		}
+	}
+	return s
+}
+
+// secretsOf lists the secret values of raw, escaped and decoded.
+func secretsOf(raw string) []string {
+	var out []string
+	add := func(escaped string, unescape func(string) (string, error)) {
+		out = append(out, escaped)
+		if v, err := unescape(escaped); err == nil && v != escaped {
+			out = append(out, v)
+		}
+	}
+	if !strings.Contains(raw, "://") {
+		kv, _ := parseKeywordValue(raw)
+		for _, p := range kv {
+			if secretName(p.key) {
+				out = append(out, p.value)
+			}
+		}
+		return out
+	}
+	// By hand, not url.Parse: the URL may be one that does not parse, and
+	// its error message then quotes it.
+	rest := raw[strings.Index(raw, "://")+3:]
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
+		if slash := strings.IndexAny(rest, "/?#"); slash < 0 || slash > at {
+			if _, pw, ok := strings.Cut(rest[:at], ":"); ok && pw != "" {
+				add(pw, url.PathUnescape)
+			}
+		}
+	}
+	if _, q, ok := strings.Cut(raw, "?"); ok {
+		q, _, _ = strings.Cut(q, "#")
+		for _, p := range strings.Split(q, "&") {
+			_, v, _ := strings.Cut(p, "=")
+			if text, err := url.QueryUnescape(p); (err != nil || secretName(text)) && v != "" {
+				add(v, url.QueryUnescape)
+			}
+		}
+	}
+	return out
+}
+
+// secretName reports whether a connection parameter holds a secret.
+func secretName(name string) bool {
+	n := strings.ToLower(name)
+	for _, s := range []string{"pass", "secret", "token", "pwd"} {
+		if strings.Contains(n, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// kvPair is one keyword=value of a connection string: raw is the value as
+// written (quoted or not), value its decoded text.
+type kvPair struct{ key, raw, value string }
+
+// parseKeywordValue parses libpq's keyword/value form: key = value pairs
+// separated by spaces, a value bare (backslash escapes) or single-quoted
+// (\' and \\ escapes).
+func parseKeywordValue(s string) ([]kvPair, bool) {
+	var out []kvPair
+	i := 0
+	skip := func() {
+		for i < len(s) && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r') {
+			i++
+		}
+	}
+	for {
+		skip()
+		if i == len(s) {
+			return out, len(out) > 0
+		}
+		start := i
+		for i < len(s) && s[i] != '=' && s[i] != ' ' && s[i] != '\t' {
+			i++
+		}
+		key := s[start:i]
+		skip()
+		if key == "" || i == len(s) || s[i] != '=' {
+			return nil, false
+		}
+		i++
+		skip()
+		var val strings.Builder
+		vstart := i
+		if i < len(s) && s[i] == '\'' {
+			i++
+			closed := false
+			for i < len(s) {
+				c := s[i]
+				if c == '\\' && i+1 < len(s) {
+					val.WriteByte(s[i+1])
+					i += 2
+					continue
+				}
+				i++
+				if c == '\'' {
+					closed = true
+					break
+				}
+				val.WriteByte(c)
+			}
+			if !closed {
+				return nil, false
+			}
+		} else {
+			for i < len(s) && s[i] != ' ' && s[i] != '\t' && s[i] != '\n' && s[i] != '\r' {
+				if s[i] == '\\' && i+1 < len(s) {
+					i++
+				}
+				val.WriteByte(s[i])
+				i++
+			}
+		}
+		out = append(out, kvPair{key: key, raw: s[vstart:i], value: val.String()})
+	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/idemkit/idem/examples/billing/consumer"
 	"github.com/idemkit/idem/examples/billing/scheduler"
 	"github.com/idemkit/idem/examples/billing/usecase"
+	"github.com/idemkit/idem/internal/httpserver"
 	"github.com/idemkit/idem/kafka"
 	"github.com/idemkit/idem/lifecycle"
 	"github.com/idemkit/idem/outbox"
@@ -144,8 +145,31 @@ type Config struct {
 	PaymentURL string
 	// HTTPAddr is the listen address. Defaults to HTTPAddrDefault (":8080").
 	HTTPAddr string
-	// Tokens are the bearer tokens. Required with the http role.
+	// HTTP bounds the API listener's resources: timeouts, header size,
+	// open connections. Defaults to nil: httpserver's defaults (see
+	// httpserver.Config).
+	HTTP *httpserver.Config
+	// Tokens are the bearer tokens. Required with the http role. On a
+	// listener that is not loopback, Run refuses the demo tokens and
+	// secrets shorter than httpapi.MinTokenLength (httpapi.CheckTokens);
+	// on loopback it logs a warning for each.
 	Tokens []httpapi.Token
+	// AdminAddr is the admin listener's address (ADMIN_ADDR), run with
+	// the http role: GET /metrics, /healthz and /readyz, with its own
+	// connection limit, so that scrapes never take the API's connections.
+	// When set, /metrics leaves the API listener. Defaults to "" (no admin
+	// listener: /metrics is on the API listener).
+	AdminAddr string
+	// MetricsToken is the bearer token /metrics requires
+	// (BILLING_METRICS_TOKEN), on whichever listener serves it. Without it
+	// /metrics is anonymous on a loopback listener, refused with 401 on the
+	// API listener elsewhere, and an admin listener that is not loopback is
+	// an error. Defaults to "".
+	MetricsToken string
+	// MetricsRefresh is the interval of the background refresh of the
+	// gauges that cost a query (outbox counts, consumer lag). Defaults to
+	// httpapi.RefreshIntervalDefault (5s).
+	MetricsRefresh time.Duration
 	// Roles to run. Defaults to all.
 	Roles *Roles
 	// ShutdownTimeout bounds the whole stop. Defaults to
@@ -184,6 +208,9 @@ type Config struct {
 	Unsafe string
 	// OnListening is called with the bound HTTP address. Defaults to nil.
 	OnListening func(addr net.Addr)
+	// OnAdminListening is called with the bound admin address. Defaults to
+	// nil.
+	OnAdminListening func(addr net.Addr)
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -258,6 +285,19 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	case roles.HTTP && len(cfg.Tokens) == 0:
 		return errors.New("billing: the http role needs tokens")
 	}
+	srvCfg, err := cfg.HTTP.WithDefaults()
+	if err != nil {
+		return err
+	}
+	if roles.HTTP {
+		// Refuse unsafe tokens before migrating when the address alone
+		// tells; the bound address decides again below.
+		if loopback, known := addrLoopback(addr); known {
+			if _, err := httpapi.CheckTokens(cfg.Tokens, !loopback); err != nil {
+				return fmt.Errorf("%w (HTTP_ADDR %s)", err, addr)
+			}
+		}
+	}
 	pool := cfg.Pool
 	if cfg.Unsafe != "" {
 		log.Error("UNSAFE MODE: BILLING_UNSAFE=" + cfg.Unsafe + " switches off a protection; this instance WILL charge twice or replay wrong answers. For the chaos harness only, never in production.")
@@ -300,32 +340,70 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	var httpStage, consumerStage, relayStage, chargerStage, kafkaStage []lifecycle.Component
 
 	if roles.HTTP {
-		h, mw, err := httpapi.NewHandler(httpapi.Config{
-			DB: pool, Tokens: cfg.Tokens, Ready: g.ReadyHandler(), Metrics: metrics, Logger: log,
-			UnsafeNoFingerprint: cfg.Unsafe == UnsafeFingerprint, UnsafeNoLease: cfg.Unsafe == UnsafeLease,
-		})
-		if err != nil {
-			return err
-		}
-		metrics.RegisterOutbox(pool, log)
-		adminCl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...))
-		if err != nil {
-			return fmt.Errorf("billing: kafka admin client: %w", err)
-		}
-		closers = append(closers, adminCl.Close)
-		metrics.RegisterLag(kadm.NewClient(adminCl), log, consumer.OrderGroup, consumer.ChargeGroupDefault)
-		kafkaStage = append(kafkaStage, lifecycle.Closer(adminCl.Close))
-
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			return fmt.Errorf("billing: listen %s: %w", addr, err)
 		}
 		closers = append(closers, func() { _ = ln.Close() })
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-		httpStage = append(httpStage, lifecycle.NewHTTPServer(srv, ln))
-		// The idempotency records' retention purge stops with the relay's
-		// background loops, after the last request.
-		relayStage = append(relayStage, mw)
+		public := !isLoopback(ln.Addr())
+		warnings, err := httpapi.CheckTokens(cfg.Tokens, public)
+		if err != nil {
+			return fmt.Errorf("%w (HTTP_ADDR %s)", err, ln.Addr())
+		}
+		for _, w := range warnings {
+			log.Warn(w, "addr", ln.Addr().String())
+		}
+
+		// /metrics: on the admin listener when there is one, else on the
+		// API's; anonymous only on loopback, else behind MetricsToken.
+		scrape := httpapi.ScrapeConfig{Token: cfg.MetricsToken, Anonymous: !public}
+		var apiMetrics http.Handler
+		if cfg.AdminAddr != "" {
+			aln, err := net.Listen("tcp", cfg.AdminAddr)
+			if err != nil {
+				return fmt.Errorf("billing: listen %s (ADMIN_ADDR): %w", cfg.AdminAddr, err)
+			}
+			closers = append(closers, func() { _ = aln.Close() })
+			adminPublic := !isLoopback(aln.Addr())
+			if adminPublic && cfg.MetricsToken == "" {
+				return fmt.Errorf("billing: ADMIN_ADDR %s is not loopback: set BILLING_METRICS_TOKEN, or bind it to 127.0.0.1", aln.Addr())
+			}
+			scrape.Anonymous = !adminPublic
+			admin := httpserver.New(httpapi.AdminHandler(metrics.Handler(scrape), g.ReadyHandler()), srvCfg, log)
+			httpStage = append(httpStage, lifecycle.NewHTTPServer(admin, httpserver.LimitListener(aln, adminMaxConns)))
+			if cfg.OnAdminListening != nil {
+				cfg.OnAdminListening(aln.Addr())
+			}
+		} else {
+			apiMetrics = metrics.Handler(scrape)
+			if public && cfg.MetricsToken == "" {
+				log.Warn("/metrics refuses every scrape (401): HTTP_ADDR is not loopback and BILLING_METRICS_TOKEN is unset; set it, or ADMIN_ADDR", "addr", ln.Addr().String())
+			}
+		}
+
+		h, mw, err := httpapi.NewHandler(httpapi.Config{
+			DB: pool, Tokens: cfg.Tokens, Ready: g.ReadyHandler(), Metrics: metrics, MetricsHandler: apiMetrics, Logger: log,
+			UnsafeNoFingerprint: cfg.Unsafe == UnsafeFingerprint, UnsafeNoLease: cfg.Unsafe == UnsafeLease,
+		})
+		if err != nil {
+			return err
+		}
+		adminCl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...))
+		if err != nil {
+			return fmt.Errorf("billing: kafka admin client: %w", err)
+		}
+		closers = append(closers, adminCl.Close)
+		gauges := metrics.NewGauges(httpapi.GaugesConfig{
+			DB: pool, Lag: kadm.NewClient(adminCl), Groups: []string{consumer.OrderGroup, consumer.ChargeGroupDefault},
+			Interval: cfg.MetricsRefresh, Logger: log,
+		})
+		kafkaStage = append(kafkaStage, lifecycle.Closer(adminCl.Close))
+
+		srv := httpserver.New(h, srvCfg, log)
+		httpStage = append(httpStage, lifecycle.NewHTTPServer(srv, httpserver.LimitListener(ln, srvCfg.MaxConns)))
+		// The idempotency records' retention purge and the gauges' refresh
+		// stop with the relay's background loops, after the last request.
+		relayStage = append(relayStage, mw, lifecycle.Go("metrics-gauges", gauges.Run))
 		if cfg.OnListening != nil {
 			cfg.OnListening(ln.Addr())
 		}
@@ -400,6 +478,37 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	log.Info("billing starting", "roles", roles.String(), "shutdown_timeout", timeout, "unsafe", cfg.Unsafe,
 		"kafka_session_timeout", session, "kafka_heartbeat_interval", heartbeat, "kafka_rebalance_timeout", rebalance)
 	return g.Run(ctx)
+}
+
+// adminMaxConns bounds the admin listener's connections: scrapers and
+// probes, a handful.
+const adminMaxConns = 16
+
+// addrLoopback tells from a listen address whether it is loopback; known
+// is false for a host name other than localhost (it is resolved when
+// listening).
+func addrLoopback(addr string) (loopback, known bool) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false, false
+	}
+	if host == "localhost" {
+		return true, true
+	}
+	if host == "" {
+		return false, true
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback(), true
+	}
+	return false, false
+}
+
+// isLoopback reports whether a bound address accepts only local clients.
+// An unspecified address (":8080", "0.0.0.0", "::") is every interface.
+func isLoopback(a net.Addr) bool {
+	t, ok := a.(*net.TCPAddr)
+	return ok && t.IP.IsLoopback()
 }
 
 // ensureTopics creates the flow's topics (and the consumer's dead-letter

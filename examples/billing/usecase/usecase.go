@@ -49,6 +49,12 @@ type Repository interface {
 	// GetOrder returns domain.ErrOrderNotFound for a missing order or one
 	// of another owner.
 	GetOrder(ctx context.Context, id, owner string) (domain.Order, error)
+	// LockOrder is GetOrder holding the order's row lock until the
+	// transaction ends: the writes that depend on an order's state (its
+	// payments, its confirm) run one at a time per order.
+	LockOrder(ctx context.Context, id, owner string) (domain.Order, error)
+	// PaidKopecks sums the order's payments that are not FAILED.
+	PaidKopecks(ctx context.Context, orderID string) (int64, error)
 	// ConfirmOrder moves a NEW order to CONFIRMED: domain.ErrOrderNotFound
 	// or domain.ErrOrderState otherwise.
 	ConfirmOrder(ctx context.Context, id, owner string) (domain.Order, error)
@@ -121,11 +127,44 @@ func CreateOrderExec(ctx context.Context, repo Repository, owner string, cmd Cre
 	return o, nil
 }
 
-// ConfirmOrderExec confirms a NEW order and, in the same transaction,
-// emits OrderConfirmed (key = order id) on orders.events. Nothing is
-// charged here: the charge follows from the event, through the consumer and
-// the charge worker, so an HTTP request never waits on the provider.
+// pathID checks an id taken from a path: text, else domain.ErrInvalidText;
+// one longer than any id billing makes cannot exist, so notFound.
+func pathID(id string, notFound error) error {
+	if err := domain.ValidateText("id", id); err != nil {
+		return err
+	}
+	if id == "" || len(id) > domain.MaxIDLen {
+		return notFound
+	}
+	return nil
+}
+
+// ConfirmOrderExec confirms a NEW order that has no payments and, in the
+// same transaction, emits OrderConfirmed (key = order id) on orders.events.
+// Nothing is charged here: the charge follows from the event, through the
+// consumer and the charge worker, so an HTTP request never waits on the
+// provider. The confirm charges the whole total, hence the refusal
+// (domain.ErrOrderHasPayments) once a payment has been made: the order's
+// row lock orders it with the payments, so no payment slips in between the
+// check and the confirm.
 func ConfirmOrderExec(ctx context.Context, repo Repository, owner, orderID string) (domain.Order, error) {
+	if err := pathID(orderID, domain.ErrOrderNotFound); err != nil {
+		return domain.Order{}, err
+	}
+	cur, err := repo.LockOrder(ctx, orderID, owner)
+	if err != nil {
+		return domain.Order{}, err
+	}
+	if cur.Status != domain.OrderNew {
+		return domain.Order{}, fmt.Errorf("%w: order %s is %s, not NEW", domain.ErrOrderState, cur.ID, cur.Status)
+	}
+	paid, err := repo.PaidKopecks(ctx, cur.ID)
+	if err != nil {
+		return domain.Order{}, err
+	}
+	if paid > 0 {
+		return domain.Order{}, fmt.Errorf("%w: order %s has %d kopecks of payments; confirming would charge its whole total", domain.ErrOrderHasPayments, cur.ID, paid)
+	}
 	o, err := repo.ConfirmOrder(ctx, orderID, owner)
 	if err != nil {
 		return domain.Order{}, err
@@ -151,9 +190,20 @@ type CreatePayment struct {
 // in the same transaction, the ChargeRequested command with the payment's
 // key (payment id + ":charge"): the id is fixed here, once, so every attempt
 // and every redelivery carries the same key.
+//
+// The payment must meet domain.CheckPayment against its order, read under
+// the order's row lock. Two payments racing on one order (different keys,
+// so the idempotency layer does not order them) therefore run one after
+// the other:
+//
+//  1. the first locks the order, sums its payments (none), inserts its own
+//     and commits, which releases the lock;
+//  2. the second, blocked on the lock, is granted it only then; its next
+//     statement takes a fresh snapshot (READ COMMITTED) and its sum counts
+//     the first payment, so it is refused if the rest does not cover it.
 func CreatePaymentExec(ctx context.Context, repo Repository, owner string, cmd CreatePayment) (domain.Payment, error) {
-	if cmd.OrderID == "" {
-		return domain.Payment{}, fmt.Errorf("%w: order_id is required", domain.ErrValidation)
+	if err := domain.ValidateID("order_id", cmd.OrderID); err != nil {
+		return domain.Payment{}, err
 	}
 	if err := domain.ValidateCustomerID("customer_id", cmd.CustomerID); err != nil {
 		return domain.Payment{}, err
@@ -161,12 +211,16 @@ func CreatePaymentExec(ctx context.Context, repo Repository, owner string, cmd C
 	if err := domain.ValidateAmount("amount_kopecks", cmd.AmountKopecks); err != nil {
 		return domain.Payment{}, err
 	}
-	o, err := repo.GetOrder(ctx, cmd.OrderID, owner)
+	o, err := repo.LockOrder(ctx, cmd.OrderID, owner)
 	if err != nil {
 		return domain.Payment{}, err
 	}
-	if o.CustomerID != cmd.CustomerID {
-		return domain.Payment{}, fmt.Errorf("%w: customer_id does not match the order's customer", domain.ErrValidation)
+	paid, err := repo.PaidKopecks(ctx, o.ID)
+	if err != nil {
+		return domain.Payment{}, err
+	}
+	if err := domain.CheckPayment(o, cmd.CustomerID, cmd.AmountKopecks, paid); err != nil {
+		return domain.Payment{}, err
 	}
 	p := domain.Payment{ID: domain.NewID("pay"), Owner: owner, OrderID: o.ID, CustomerID: cmd.CustomerID, AmountKopecks: cmd.AmountKopecks, Status: domain.PaymentPending}
 	if err := repo.InsertPayment(ctx, p); err != nil {
@@ -255,10 +309,16 @@ func RecordCharge(ctx context.Context, repo Repository, c ChargeRequested, o Cha
 
 // GetOrderExec is GET /orders/{id}.
 func GetOrderExec(ctx context.Context, repo Repository, owner, id string) (domain.Order, error) {
+	if err := pathID(id, domain.ErrOrderNotFound); err != nil {
+		return domain.Order{}, err
+	}
 	return repo.GetOrder(ctx, id, owner)
 }
 
 // GetPaymentExec is GET /payments/{id}.
 func GetPaymentExec(ctx context.Context, repo Repository, owner, id string) (domain.Payment, error) {
+	if err := pathID(id, domain.ErrPaymentNotFound); err != nil {
+		return domain.Payment{}, err
+	}
 	return repo.GetPayment(ctx, id, owner)
 }

@@ -2,10 +2,13 @@
 // docs/contracts.md behind bearer-token principals, every POST behind the
 // idempotency middleware in transactional mode (the handler's writes and
 // its outbox events commit with the idempotency record), errors as
-// problem+json, and /healthz, /readyz, /metrics.
+// problem+json, and /healthz, /readyz, /metrics (served by
+// internal/httpserver's bounded server). docs/security.md lists every
+// limit.
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -14,8 +17,10 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -26,8 +31,16 @@ import (
 	"github.com/idemkit/idem/outbox"
 )
 
-// DefaultTokens is BILLING_API_TOKENS when unset: demo principals only.
+// DefaultTokens is BILLING_API_TOKENS when unset: demo principals whose
+// secrets are public (they are in this file). app.Run refuses them on a
+// listener that is not loopback, and warns loudly on loopback.
 const DefaultTokens = "alice-token:alice,bob-token:bob"
+
+// MinTokenLength is the shortest secret accepted on a listener that is not
+// loopback: 16 bytes (for example 32 hex digits of 16 random bytes is
+// twice that). Shorter secrets, like the demo's, are allowed on loopback
+// only, with a warning.
+const MinTokenLength = 16
 
 // Problem codes of billing's own errors (the middleware's are in package
 // idempotency).
@@ -40,7 +53,25 @@ const (
 	CodeOrderState      = "ORDER_STATE_CONFLICT"
 	CodeNotFound        = "NOT_FOUND"
 	CodeInternal        = "INTERNAL"
+	// CodeInvalidText (400): an id in the path or a JSON string is not
+	// valid UTF-8 or holds a control character (NUL included).
+	CodeInvalidText = "INVALID_TEXT"
+	// CodeAmountTooLarge (422): an amount above domain.MaxAmountKopecks.
+	CodeAmountTooLarge = "AMOUNT_TOO_LARGE"
+	// CodeCustomerMismatch (422): a payment's customer_id is not its
+	// order's.
+	CodeCustomerMismatch = "CUSTOMER_MISMATCH"
+	// CodeExceedsOutstanding (409): a payment above what its order still
+	// owes (the total less its payments that are not FAILED).
+	CodeExceedsOutstanding = "AMOUNT_EXCEEDS_OUTSTANDING"
+	// CodeOrderHasPayments (409): a confirm of an order with payments.
+	CodeOrderHasPayments = "ORDER_HAS_PAYMENTS"
 )
+
+// MaxDetailLen bounds the detail of every problem billing writes: a detail
+// may quote input (an unknown member's name), and a stored 4xx must never
+// grow with what a client sends.
+const MaxDetailLen = 200
 
 // ErrBadTokens is a BILLING_API_TOKENS value that does not parse.
 var ErrBadTokens = errors.New("billing: BILLING_API_TOKENS must be token:principal[,token:principal...]")
@@ -48,18 +79,67 @@ var ErrBadTokens = errors.New("billing: BILLING_API_TOKENS must be token:princip
 // Token is one bearer token and its principal.
 type Token struct{ Secret, Principal string }
 
-// ParseTokens parses "token1:alice,token2:bob".
+// ParseTokens parses "token1:alice,token2:bob". One secret given twice is
+// an error (with two principals it would authenticate as the last one):
+// one principal may have several secrets, for rotation.
 func ParseTokens(s string) ([]Token, error) {
 	var out []Token
+	seen := map[string]string{}
 	for _, pair := range strings.Split(s, ",") {
 		pair = strings.TrimSpace(pair)
 		secret, principal, ok := strings.Cut(pair, ":")
 		if !ok || secret == "" || principal == "" {
 			return nil, fmt.Errorf("%w: bad entry %q", ErrBadTokens, redactEntry(pair))
 		}
+		if first, dup := seen[secret]; dup {
+			return nil, fmt.Errorf("%w: one secret is given twice (principals %q and %q)", ErrBadTokens, first, principal)
+		}
+		seen[secret] = principal
 		out = append(out, Token{Secret: secret, Principal: principal})
 	}
 	return out, nil
+}
+
+// ErrUnsafeTokens is a token set that must not serve a listener reachable
+// from other hosts: the public demo tokens, or a secret shorter than
+// MinTokenLength.
+var ErrUnsafeTokens = errors.New("billing: API tokens unfit for a listener that is not loopback")
+
+// CheckTokens decides whether tokens may guard a listener; public is true
+// when the listener is not loopback. On a public listener the demo tokens
+// (DefaultTokens) and secrets shorter than MinTokenLength are an error
+// wrapping ErrUnsafeTokens; on loopback they are allowed, and each is
+// returned as a warning to log loudly.
+func CheckTokens(tokens []Token, public bool) (warnings []string, err error) {
+	demo, _ := ParseTokens(DefaultTokens)
+	var problems []string
+	for _, t := range tokens {
+		switch {
+		case isDemo(t, demo):
+			problems = append(problems, fmt.Sprintf("principal %q uses a public demo token (BILLING_API_TOKENS unset or set to the demo's)", t.Principal))
+		case len(t.Secret) < MinTokenLength:
+			problems = append(problems, fmt.Sprintf("principal %q has a token of %d bytes, below the minimum of %d", t.Principal, len(t.Secret), MinTokenLength))
+		}
+	}
+	if len(problems) == 0 {
+		return nil, nil
+	}
+	if public {
+		return nil, fmt.Errorf("%w: %s; set BILLING_API_TOKENS to secrets of at least %d bytes, or listen on loopback", ErrUnsafeTokens, strings.Join(problems, "; "), MinTokenLength)
+	}
+	for i, p := range problems {
+		problems[i] = "INSECURE TOKENS, tolerated on loopback only: " + p
+	}
+	return problems, nil
+}
+
+func isDemo(t Token, demo []Token) bool {
+	for _, d := range demo {
+		if t.Secret == d.Secret {
+			return true
+		}
+	}
+	return false
 }
 
 func redactEntry(pair string) string {
@@ -77,8 +157,12 @@ type Config struct {
 	Tokens []Token
 	// Ready answers /readyz (lifecycle.Group.ReadyHandler). Required.
 	Ready http.Handler
-	// Metrics is served on /metrics and counts requests. Required.
+	// Metrics counts requests and idempotency events. Required.
 	Metrics *Metrics
+	// MetricsHandler is served on GET /metrics (Metrics.Handler, with its
+	// access rule). Defaults to nil: /metrics is not on this handler (it is
+	// on the admin listener, see AdminHandler).
+	MetricsHandler http.Handler
 	// Logger receives internal errors. Defaults to slog.Default().
 	Logger *slog.Logger
 
@@ -186,12 +270,90 @@ func NewHandler(cfg Config) (http.Handler, *idempotency.Middleware, error) {
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	mux.Handle("GET /readyz", cfg.Ready)
-	mux.Handle("GET /metrics", cfg.Metrics.Handler())
+	if cfg.MetricsHandler != nil {
+		mux.Handle("GET /metrics", cfg.MetricsHandler)
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusNotFound, CodeNotFound, "no such route")
 	})
-	return cfg.Metrics.countRequests(mux), mw, nil
+	return cfg.Metrics.countRequests(closeOnUnreadBody(mux)), mw, nil
 }
+
+// AdminHandler is the admin listener's handler (ADMIN_ADDR): metrics (the
+// guarded Metrics.Handler) on GET /metrics, and /healthz and /readyz as on
+// the API, for probes that should not take the API's connections.
+func AdminHandler(metrics, ready http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.Handle("GET /readyz", ready)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, http.StatusNotFound, CodeNotFound, "no such route")
+	})
+	return closeOnUnreadBody(mux)
+}
+
+// closeOnUnreadBody answers "Connection: close" whenever a response starts
+// before the request body was read to its end (a 401, a 404, a 413): else
+// net/http, to reuse the connection, would first read and discard the rest
+// of the body (up to 256 KiB), and a client sending it slowly, or never,
+// would hold the answer back until the read timeout.
+func closeOnUnreadBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body := &eofTracker{ReadCloser: r.Body}
+		r.Body = body
+		next.ServeHTTP(&closeWriter{ResponseWriter: w, body: body}, r)
+	})
+}
+
+type eofTracker struct {
+	io.ReadCloser
+	eof bool
+}
+
+func (b *eofTracker) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if errors.Is(err, io.EOF) {
+		b.eof = true
+	}
+	return n, err
+}
+
+type closeWriter struct {
+	http.ResponseWriter
+	body    *eofTracker
+	started bool
+}
+
+func (c *closeWriter) start() {
+	if !c.started {
+		c.started = true
+		if !c.body.eof {
+			c.Header().Set("Connection", "close")
+		}
+	}
+}
+
+func (c *closeWriter) WriteHeader(code int) {
+	if code >= 200 {
+		c.start()
+	}
+	c.ResponseWriter.WriteHeader(code)
+}
+
+func (c *closeWriter) Write(b []byte) (int, error) {
+	c.start()
+	return c.ResponseWriter.Write(b)
+}
+
+func (c *closeWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 
 // authenticate resolves the bearer token to a principal, or answers 401.
 // Tokens are compared in constant time.
@@ -218,11 +380,17 @@ func authenticate(tokens []Token) func(http.Handler) http.Handler {
 	}
 }
 
+// isRead reports a request that only reads: GET, and HEAD, which the mux
+// routes to the GET patterns.
+func isRead(r *http.Request) bool {
+	return r.Method == http.MethodGet || r.Method == http.MethodHead
+}
+
 // repo returns the repository for a request: bound to the middleware's
 // transaction on a POST (so that the writes commit with the idempotency
-// record), to the pool on a GET.
+// record), to the pool on a read.
 func (a *api) repo(r *http.Request) (usecase.Repository, bool) {
-	if r.Method == http.MethodGet {
+	if isRead(r) {
 		return postgres.New(a.db), true
 	}
 	tx, ok := idempotency.TxFromContext(r.Context())
@@ -232,28 +400,109 @@ func (a *api) repo(r *http.Request) (usecase.Repository, bool) {
 	return postgres.New(tx), true
 }
 
-// decode reads a JSON object strictly: unknown members and trailing data
-// are errors, so that a typo ("amount" for "amount_kopecks") is a 400, not
-// a zero amount.
-func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
+// errMalformed is a body that is not the JSON object a route takes; its
+// text is the problem's detail, bounded (it never quotes unbounded input).
+type errMalformed struct{ detail string }
+
+func (e errMalformed) Error() string { return e.detail }
+
+// decode reads a JSON object strictly, for v (a pointer to a struct of
+// string and number fields): the body must be valid UTF-8 (RFC 8259;
+// encoding/json would silently turn bad bytes into U+FFFD), every member
+// name must be one of v's, exactly (encoding/json matches names without
+// regard to case, so {"Total_Kopecks":1} would pass), at most once (a
+// repeated name would let the last value win unseen), and nothing may
+// follow the object. So a typo ("amount" for "amount_kopecks") is a 400,
+// not a zero amount.
+func decode(body []byte, v any) error {
+	if !utf8.Valid(body) {
+		return errMalformed{"the body is not valid UTF-8"}
 	}
-	if dec.More() {
-		return errors.New("trailing data after the JSON object")
+	names := jsonNames(v)
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return errMalformed{"the body must be one JSON object"}
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return errMalformed{"malformed JSON: " + err.Error()}
+		}
+		name, _ := tok.(string)
+		if !names[name] {
+			return errMalformed{fmt.Sprintf("unknown member %q", clip(name, 40))}
+		}
+		if seen[name] {
+			return errMalformed{fmt.Sprintf("member %q is repeated", name)}
+		}
+		seen[name] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return errMalformed{"malformed JSON: " + err.Error()}
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return errMalformed{"malformed JSON: " + err.Error()}
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return errors.New("trailing data after the JSON object")
+		return errMalformed{"trailing data after the JSON object"}
+	}
+	strict := json.NewDecoder(bytes.NewReader(body))
+	strict.DisallowUnknownFields()
+	if err := strict.Decode(v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			// te.Value can be the literal itself (a number of any length).
+			return errMalformed{fmt.Sprintf("member %q must be a JSON %s", te.Field, jsonKind(te.Type))}
+		}
+		return errMalformed{"malformed JSON: " + err.Error()}
 	}
 	return nil
 }
 
+// jsonNames are the member names of the struct v points to.
+func jsonNames(v any) map[string]bool {
+	t := reflect.TypeOf(v).Elem()
+	out := map[string]bool{}
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		if name != "" && name != "-" {
+			out[name] = true
+		}
+	}
+	return out
+}
+
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "string"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "integer within 64 bits"
+	}
+	return t.String()
+}
+
+// body reads the request body (the middleware has buffered it and bounded
+// its size) and decodes it into v. On failure it writes the problem,
+// marked not to be stored, and returns false.
+func (a *api) body(w http.ResponseWriter, r *http.Request, v any) bool {
+	b, err := io.ReadAll(r.Body)
+	if err == nil {
+		err = decode(b, v)
+	}
+	if err != nil {
+		idempotency.DoNotStore(w)
+		writeProblem(w, http.StatusBadRequest, CodeMalformedJSON, err.Error())
+		return false
+	}
+	return true
+}
+
 func (a *api) createOrder(w http.ResponseWriter, r *http.Request) {
 	var cmd usecase.CreateOrder
-	if err := decode(r, &cmd); err != nil {
-		writeProblem(w, http.StatusBadRequest, CodeMalformedJSON, err.Error())
+	if !a.body(w, r, &cmd) {
 		return
 	}
 	a.run(w, r, http.StatusCreated, func(ctx context.Context, repo usecase.Repository, owner string) (any, error) {
@@ -270,8 +519,7 @@ func (a *api) confirmOrder(w http.ResponseWriter, r *http.Request) {
 
 func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	var cmd usecase.CreatePayment
-	if err := decode(r, &cmd); err != nil {
-		writeProblem(w, http.StatusBadRequest, CodeMalformedJSON, err.Error())
+	if !a.body(w, r, &cmd) {
 		return
 	}
 	a.run(w, r, http.StatusCreated, func(ctx context.Context, repo usecase.Repository, owner string) (any, error) {
@@ -296,7 +544,7 @@ func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
 // run executes a use case and writes its result or its problem.
 func (a *api) run(w http.ResponseWriter, r *http.Request, okStatus int, uc func(context.Context, usecase.Repository, string) (any, error)) {
 	owner, _ := principalOf(r.Context())
-	if a.ownTx && r.Method != http.MethodGet {
+	if a.ownTx && !isRead(r) {
 		a.runOwnTx(w, r, okStatus, owner, uc)
 		return
 	}
@@ -337,24 +585,54 @@ func (a *api) runOwnTx(w http.ResponseWriter, r *http.Request, okStatus int, own
 }
 
 func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
+	// Refusals made before the use case touched anything are not stored
+	// (idempotency.DoNotStore): a retry, or the corrected request under the
+	// same key, runs again. Refusals that depend on what the database held
+	// (not found, a state conflict) are stored and replayed like any
+	// answer.
 	switch {
+	case errors.Is(err, domain.ErrInvalidText):
+		idempotency.DoNotStore(w)
+		writeProblem(w, http.StatusBadRequest, CodeInvalidText, err.Error())
 	case errors.Is(err, domain.ErrValidation):
+		idempotency.DoNotStore(w)
 		writeProblem(w, http.StatusUnprocessableEntity, CodeValidation, err.Error())
+	case errors.Is(err, domain.ErrAmountTooLarge):
+		idempotency.DoNotStore(w)
+		writeProblem(w, http.StatusUnprocessableEntity, CodeAmountTooLarge, err.Error())
 	case errors.Is(err, domain.ErrOrderNotFound):
 		writeProblem(w, http.StatusNotFound, CodeOrderNotFound, "no such order")
 	case errors.Is(err, domain.ErrPaymentNotFound):
 		writeProblem(w, http.StatusNotFound, CodePaymentNotFound, "no such payment")
 	case errors.Is(err, domain.ErrOrderState):
 		writeProblem(w, http.StatusConflict, CodeOrderState, err.Error())
+	case errors.Is(err, domain.ErrCustomerMismatch):
+		writeProblem(w, http.StatusUnprocessableEntity, CodeCustomerMismatch, err.Error())
+	case errors.Is(err, domain.ErrExceedsOutstanding):
+		writeProblem(w, http.StatusConflict, CodeExceedsOutstanding, err.Error())
+	case errors.Is(err, domain.ErrOrderHasPayments):
+		writeProblem(w, http.StatusConflict, CodeOrderHasPayments, err.Error())
 	case errors.Is(err, outbox.ErrInvalidMessage):
-		a.log.Error("billing: outbox message rejected", "path", r.URL.Path, "error", err)
+		a.log.Error("billing: outbox message rejected", "path", clip(r.URL.Path, 100), "error", err)
 		writeProblem(w, http.StatusInternalServerError, CodeInternal, "internal error")
 	default:
 		// A 5xx releases the idempotency key and rolls the transaction
 		// back: the client's retry with the same key runs again.
-		a.log.Error("billing: request failed", "path", r.URL.Path, "error", err)
+		a.log.Error("billing: request failed", "path", clip(r.URL.Path, 100), "error", err)
 		writeProblem(w, http.StatusInternalServerError, CodeInternal, "internal error")
 	}
+}
+
+// clip shortens s to at most n bytes, on a rune boundary, marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // Problem is billing's problem+json body (RFC 9457 with a code member).
@@ -371,7 +649,7 @@ func writeProblem(w http.ResponseWriter, status int, code, detail string) {
 		Type:   "https://github.com/idemkit/idem/blob/main/docs/problems.md#" + strings.ToLower(strings.ReplaceAll(code, "_", "-")),
 		Title:  http.StatusText(status),
 		Status: status,
-		Detail: detail,
+		Detail: clip(strings.ToValidUTF8(detail, "\uFFFD"), MaxDetailLen),
 		Code:   code,
 	})
 	w.Header().Set("Content-Type", idempotency.ProblemContentType)

@@ -2,9 +2,12 @@ package httpapi
 
 import (
 	"context"
+	"crypto/subtle"
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,9 +57,48 @@ func NewMetrics() *Metrics {
 	return m
 }
 
-// Handler serves the registry.
-func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+// MaxScrapesDefault is ScrapeConfig.MaxInFlight's default.
+const MaxScrapesDefault = 2
+
+// ScrapeConfig is the access rule of GET /metrics.
+type ScrapeConfig struct {
+	// Token is the bearer token a scrape must present (BILLING_METRICS_TOKEN).
+	// Defaults to "": see Anonymous.
+	Token string
+	// Anonymous, with no Token, serves /metrics to anyone: app sets it only
+	// for a loopback listener. Defaults to false: without a Token every
+	// scrape is refused with 401.
+	Anonymous bool
+	// MaxInFlight caps concurrent scrapes; more are refused with 503.
+	// Defaults to MaxScrapesDefault (2).
+	MaxInFlight int
+}
+
+// Handler serves the registry under cfg's access rule. A scrape reads
+// counters and the gauges the background refresh (Gauges) last computed:
+// it never queries the database or Kafka.
+func (m *Metrics) Handler(cfg ScrapeConfig) http.Handler {
+	n := cfg.MaxInFlight
+	if n <= 0 {
+		n = MaxScrapesDefault
+	}
+	prom := promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{MaxRequestsInFlight: n})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if cfg.Token == "" && !cfg.Anonymous {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="billing-metrics"`)
+			writeProblem(w, http.StatusUnauthorized, CodeUnauthorized, "/metrics needs BILLING_METRICS_TOKEN on a listener that is not loopback (or use ADMIN_ADDR)")
+			return
+		}
+		if cfg.Token != "" {
+			scheme, secret, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+			if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(secret), []byte(cfg.Token)) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="billing-metrics"`)
+				writeProblem(w, http.StatusUnauthorized, CodeUnauthorized, "a valid metrics token is required")
+				return
+			}
+		}
+		prom.ServeHTTP(w, r)
+	})
 }
 
 // IdempotencyHook is idempotency.Config.Hook.
@@ -100,8 +142,10 @@ func (s *statusWriter) Write(b []byte) (int, error) {
 
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
-// countRequests counts every request by its route pattern (never the raw
-// path: ids would explode the label set).
+// countRequests counts every request by its route pattern and a method
+// from a fixed set, never by raw input: the path would explode the label
+// set with ids, and the method is whatever the client sends (a 64 KiB
+// token is a valid method), each new one a series kept for good.
 func (m *Metrics) countRequests(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := &statusWriter{ResponseWriter: w}
@@ -113,86 +157,181 @@ func (m *Metrics) countRequests(next http.Handler) http.Handler {
 		if sw.status == 0 {
 			sw.status = http.StatusOK
 		}
-		m.requests.WithLabelValues(r.Method, route, strconv.Itoa(sw.status)).Inc()
+		m.requests.WithLabelValues(methodLabel(r.Method), route, statusLabel(sw.status)).Inc()
 	})
 }
 
-// scrapeTimeout bounds the database and Kafka queries of one scrape.
-const scrapeTimeout = 3 * time.Second
-
-// outboxCollector reads the outbox status at scrape time.
-type outboxCollector struct {
-	db      outbox.DBTX
-	pending *prometheus.Desc
-	oldest  *prometheus.Desc
-	dead    *prometheus.Desc
-	log     *slog.Logger
+// methodLabel is r.Method if it is one of RFC 9110's methods (or PATCH),
+// else "other".
+func methodLabel(method string) string {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace:
+		return method
+	}
+	return "other"
 }
 
-// RegisterOutbox exports outbox pending count, oldest pending age and dead
-// count, read from db at each scrape.
-func (m *Metrics) RegisterOutbox(db outbox.DBTX, log *slog.Logger) {
-	m.reg.MustRegister(&outboxCollector{
-		db:      db,
-		pending: prometheus.NewDesc("billing_outbox_pending", "Outbox events not yet published.", nil, nil),
-		oldest:  prometheus.NewDesc("billing_outbox_oldest_pending_age_seconds", "Age of the oldest unpublished outbox event.", nil, nil),
-		dead:    prometheus.NewDesc("billing_outbox_dead", "Outbox events that used up their attempts.", nil, nil),
-		log:     log,
-	})
+// statusLabel is the status code; net/http only sends 100..999.
+func statusLabel(code int) string {
+	if code < 100 || code > 999 {
+		return "other"
+	}
+	return strconv.Itoa(code)
 }
 
-func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.pending
-	ch <- c.oldest
-	ch <- c.dead
+// RefreshIntervalDefault is GaugesConfig.Interval's default.
+const RefreshIntervalDefault = 5 * time.Second
+
+// GaugesConfig configures the background gauges.
+type GaugesConfig struct {
+	// DB is read for the outbox gauges (billing_outbox_pending,
+	// billing_outbox_oldest_pending_age_seconds, billing_outbox_dead).
+	// Defaults to nil: no outbox gauges.
+	DB outbox.DBTX
+	// Lag is read for billing_consumer_lag of Groups. Defaults to nil: no
+	// lag gauge.
+	Lag *kadm.Client
+	// Groups are the consumer groups whose lag is exported. Defaults to
+	// none.
+	Groups []string
+	// Interval is the time between two refreshes; each also bounds its own
+	// queries. Defaults to RefreshIntervalDefault (5s).
+	Interval time.Duration
+	// Logger receives refresh failures. Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
-func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
+// Gauges computes the gauges that cost a database or Kafka round trip in
+// the background, one refresh at a time, and serves the last values to
+// every scrape: scrapers, however many, add no load to the pool the API
+// uses. A gauge appears once its first refresh succeeded; after a failed
+// refresh it keeps its last value, and
+// billing_gauges_refreshed_timestamp_seconds{source} says how old that is.
+type Gauges struct {
+	cfg GaugesConfig
+	log *slog.Logger
+
+	pending, oldest, dead, lag, refreshed *prometheus.Desc
+
+	mu     sync.Mutex
+	st     *outbox.Status // nil until the first refresh
+	lags   map[[2]string]float64
+	stamps map[string]time.Time
+}
+
+// NewGauges registers the background gauges with m's registry; Run
+// refreshes them.
+func (m *Metrics) NewGauges(cfg GaugesConfig) *Gauges {
+	if cfg.Interval <= 0 {
+		cfg.Interval = RefreshIntervalDefault
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	g := &Gauges{
+		cfg: cfg, log: log,
+		pending:   prometheus.NewDesc("billing_outbox_pending", "Outbox events not yet published.", nil, nil),
+		oldest:    prometheus.NewDesc("billing_outbox_oldest_pending_age_seconds", "Age of the oldest unpublished outbox event.", nil, nil),
+		dead:      prometheus.NewDesc("billing_outbox_dead", "Outbox events that used up their attempts.", nil, nil),
+		lag:       prometheus.NewDesc("billing_consumer_lag", "Records not yet committed by a consumer group, per topic.", []string{"group", "topic"}, nil),
+		refreshed: prometheus.NewDesc("billing_gauges_refreshed_timestamp_seconds", "When the background gauges of a source (outbox, lag) were last refreshed.", []string{"source"}, nil),
+		stamps:    map[string]time.Time{},
+	}
+	m.reg.MustRegister(g)
+	return g
+}
+
+// Run refreshes the gauges at once, then every Interval, until ctx ends;
+// it returns nil then. It is lifecycle.Go's function.
+func (g *Gauges) Run(ctx context.Context) error {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		g.Refresh(ctx)
+		t.Reset(g.cfg.Interval)
+	}
+}
+
+// Refresh computes every gauge once, each source bounded by Interval.
+func (g *Gauges) Refresh(ctx context.Context) {
+	if g.cfg.DB != nil {
+		g.refreshOutbox(ctx)
+	}
+	if g.cfg.Lag != nil && len(g.cfg.Groups) > 0 {
+		g.refreshLag(ctx)
+	}
+}
+
+func (g *Gauges) refreshOutbox(parent context.Context) {
+	ctx, cancel := context.WithTimeout(parent, g.cfg.Interval)
 	defer cancel()
-	st, err := outbox.GetStatus(ctx, c.db, outbox.LeaseTTLDefault, 0)
+	st, err := outbox.GetStatus(ctx, g.cfg.DB, outbox.LeaseTTLDefault, 0)
 	if err != nil {
-		c.log.Warn("metrics: outbox status", "error", err)
+		if parent.Err() == nil { // not the stop
+			g.log.Warn("metrics: outbox status", "error", err)
+		}
 		return
 	}
-	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(st.Pending+st.Publishing))
-	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, st.OldestPending.Seconds())
-	ch <- prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(st.Dead))
+	g.mu.Lock()
+	g.st = st
+	g.stamps["outbox"] = time.Now()
+	g.mu.Unlock()
 }
 
-// lagCollector reads consumer-group lag from Kafka at scrape time.
-type lagCollector struct {
-	adm    *kadm.Client
-	groups []string
-	lag    *prometheus.Desc
-	log    *slog.Logger
-}
-
-// RegisterLag exports the lag of groups, per topic, read at each scrape.
-func (m *Metrics) RegisterLag(adm *kadm.Client, log *slog.Logger, groups ...string) {
-	m.reg.MustRegister(&lagCollector{
-		adm: adm, groups: groups, log: log,
-		lag: prometheus.NewDesc("billing_consumer_lag", "Records not yet committed by a consumer group, per topic.", []string{"group", "topic"}, nil),
-	})
-}
-
-func (c *lagCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.lag }
-
-func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
+func (g *Gauges) refreshLag(parent context.Context) {
+	ctx, cancel := context.WithTimeout(parent, g.cfg.Interval)
 	defer cancel()
-	lags, err := c.adm.Lag(ctx, c.groups...)
+	lags, err := g.cfg.Lag.Lag(ctx, g.cfg.Groups...)
 	if err != nil {
-		c.log.Warn("metrics: consumer lag", "error", err)
+		if parent.Err() == nil {
+			g.log.Warn("metrics: consumer lag", "error", err)
+		}
 		return
 	}
-	for _, g := range c.groups {
-		gl, ok := lags[g]
+	out := map[[2]string]float64{}
+	for _, grp := range g.cfg.Groups {
+		gl, ok := lags[grp]
 		if !ok || gl.Error() != nil {
 			continue
 		}
 		for topic, total := range gl.Lag.TotalByTopic() {
-			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(total.Lag), g, topic)
+			out[[2]string{grp, topic}] = float64(total.Lag)
 		}
+	}
+	g.mu.Lock()
+	g.lags = out
+	g.stamps["lag"] = time.Now()
+	g.mu.Unlock()
+}
+
+// Describe implements prometheus.Collector.
+func (g *Gauges) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{g.pending, g.oldest, g.dead, g.lag, g.refreshed} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: the last refreshed values, no
+// I/O.
+func (g *Gauges) Collect(ch chan<- prometheus.Metric) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if st := g.st; st != nil {
+		ch <- prometheus.MustNewConstMetric(g.pending, prometheus.GaugeValue, float64(st.Pending+st.Publishing))
+		ch <- prometheus.MustNewConstMetric(g.oldest, prometheus.GaugeValue, st.OldestPending.Seconds())
+		ch <- prometheus.MustNewConstMetric(g.dead, prometheus.GaugeValue, float64(st.Dead))
+	}
+	for k, v := range g.lags {
+		ch <- prometheus.MustNewConstMetric(g.lag, prometheus.GaugeValue, v, k[0], k[1])
+	}
+	for source, at := range g.stamps {
+		ch <- prometheus.MustNewConstMetric(g.refreshed, prometheus.GaugeValue, float64(at.UnixNano())/1e9, source)
 	}
 }

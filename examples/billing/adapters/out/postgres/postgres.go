@@ -85,6 +85,27 @@ func (r *Repo) GetOrder(ctx context.Context, id, owner string) (domain.Order, er
 	return order(o), nil
 }
 
+// LockOrder implements usecase.Repository: SELECT ... FOR UPDATE.
+func (r *Repo) LockOrder(ctx context.Context, id, owner string) (domain.Order, error) {
+	o, err := r.q.LockOrder(ctx, dbsqlc.LockOrderParams{ID: id, Owner: owner})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return domain.Order{}, domain.ErrOrderNotFound
+	}
+	if err != nil {
+		return domain.Order{}, fmt.Errorf("billing: lock order: %w", err)
+	}
+	return order(o), nil
+}
+
+// PaidKopecks implements usecase.Repository.
+func (r *Repo) PaidKopecks(ctx context.Context, orderID string) (int64, error) {
+	n, err := r.q.PaidKopecks(ctx, orderID)
+	if err != nil {
+		return 0, fmt.Errorf("billing: sum payments: %w", err)
+	}
+	return n, nil
+}
+
 // ConfirmOrder implements usecase.Repository.
 func (r *Repo) ConfirmOrder(ctx context.Context, id, owner string) (domain.Order, error) {
 	o, err := r.q.ConfirmOrder(ctx, dbsqlc.ConfirmOrderParams{ID: id, Owner: owner})

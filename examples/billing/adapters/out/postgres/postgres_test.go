@@ -133,7 +133,10 @@ func TestCreatePayment(t *testing.T) {
 	}{
 		{"unknown order", "alice", usecase.CreatePayment{OrderID: "ord_x", CustomerID: "c1", AmountKopecks: 1}, domain.ErrOrderNotFound},
 		{"other owner", "bob", usecase.CreatePayment{OrderID: o.ID, CustomerID: "c1", AmountKopecks: 1}, domain.ErrOrderNotFound},
-		{"other customer", "alice", usecase.CreatePayment{OrderID: o.ID, CustomerID: "c2", AmountKopecks: 1}, domain.ErrValidation},
+		{"other customer", "alice", usecase.CreatePayment{OrderID: o.ID, CustomerID: "c2", AmountKopecks: 1}, domain.ErrCustomerMismatch},
+		{"above the total", "alice", usecase.CreatePayment{OrderID: o.ID, CustomerID: "c1", AmountKopecks: 501}, domain.ErrExceedsOutstanding},
+		{"above the bound", "alice", usecase.CreatePayment{OrderID: o.ID, CustomerID: "c1", AmountKopecks: domain.MaxAmountKopecks + 1}, domain.ErrAmountTooLarge},
+		{"NUL in the order id", "alice", usecase.CreatePayment{OrderID: o.ID + "\x00", CustomerID: "c1", AmountKopecks: 1}, domain.ErrInvalidText},
 		{"zero", "alice", usecase.CreatePayment{OrderID: o.ID, CustomerID: "c1"}, domain.ErrValidation},
 		{"negative", "alice", usecase.CreatePayment{OrderID: o.ID, CustomerID: "c1", AmountKopecks: -3}, domain.ErrValidation},
 		{"no order", "alice", usecase.CreatePayment{CustomerID: "c1", AmountKopecks: 3}, domain.ErrValidation},

@@ -30,3 +30,16 @@ SELECT * FROM payments WHERE id = @id AND owner = @owner;
 -- name: SettlePayment :execrows
 UPDATE payments SET status = @status, charge_id = sqlc.narg(charge_id), failure = sqlc.narg(failure), updated_at = now()
 WHERE id = @id AND status = 'PENDING';
+
+-- LockOrder reads an order of the owner's and holds its row lock until the
+-- transaction ends: the payments and the confirm of one order queue here,
+-- so each sees the others' committed payments (READ COMMITTED takes a new
+-- snapshot for the next statement, after the lock was granted).
+-- name: LockOrder :one
+SELECT * FROM orders WHERE id = @id AND owner = @owner FOR UPDATE;
+
+-- PaidKopecks sums the order's payments that are not FAILED: what is
+-- charged or being charged.
+-- name: PaidKopecks :one
+SELECT coalesce(sum(amount_kopecks), 0)::bigint AS paid
+FROM payments WHERE order_id = @order_id AND status <> 'FAILED';

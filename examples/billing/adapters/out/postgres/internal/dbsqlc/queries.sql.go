@@ -160,6 +160,50 @@ func (q *Queries) InsertPayment(ctx context.Context, arg InsertPaymentParams) er
 	return err
 }
 
+const lockOrder = `-- name: LockOrder :one
+SELECT id, owner, customer_id, total_kopecks, status, charge_id, failure, created_at, updated_at FROM orders WHERE id = $1 AND owner = $2 FOR UPDATE
+`
+
+type LockOrderParams struct {
+	ID    string
+	Owner string
+}
+
+// LockOrder reads an order of the owner's and holds its row lock until the
+// transaction ends: the payments and the confirm of one order queue here,
+// so each sees the others' committed payments (READ COMMITTED takes a new
+// snapshot for the next statement, after the lock was granted).
+func (q *Queries) LockOrder(ctx context.Context, arg LockOrderParams) (Order, error) {
+	row := q.db.QueryRow(ctx, lockOrder, arg.ID, arg.Owner)
+	var i Order
+	err := row.Scan(
+		&i.ID,
+		&i.Owner,
+		&i.CustomerID,
+		&i.TotalKopecks,
+		&i.Status,
+		&i.ChargeID,
+		&i.Failure,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
+const paidKopecks = `-- name: PaidKopecks :one
+SELECT coalesce(sum(amount_kopecks), 0)::bigint AS paid
+FROM payments WHERE order_id = $1 AND status <> 'FAILED'
+`
+
+// PaidKopecks sums the order's payments that are not FAILED: what is
+// charged or being charged.
+func (q *Queries) PaidKopecks(ctx context.Context, orderID string) (int64, error) {
+	row := q.db.QueryRow(ctx, paidKopecks, orderID)
+	var paid int64
+	err := row.Scan(&paid)
+	return paid, err
+}
+
 const settleOrder = `-- name: SettleOrder :execrows
 UPDATE orders SET status = $1, charge_id = $2, failure = $3, updated_at = now()
 WHERE id = $4 AND status = 'CONFIRMED'

@@ -1,0 +1,259 @@
+// Package httpserver builds the HTTP servers of idem's programs with
+// bounded resources for anonymous clients: read-header, read, write and
+// idle timeouts, a header size bound (New), and a bound on open
+// connections that answers the ones beyond it at once (LimitListener).
+// Config.FromEnv reads the limits from PREFIX_READ_TIMEOUT and the like.
+//
+// It guarantees that no connection is held longer than its timeouts allow
+// and that at most MaxConns are open; it does not rate-limit requests, and
+// a handler that reads its body must still bound it (http.MaxBytesReader or
+// the idempotency middleware's MaxRequestBody).
+package httpserver
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/internal/cli"
+)
+
+// Defaults of Config. Together they bound what an anonymous client
+// can hold: a connection at most MaxConns of, a request's headers for
+// ReadHeaderTimeout, its body for the rest of ReadTimeout, an idle
+// keep-alive for IdleTimeout.
+const (
+	ReadHeaderTimeoutDefault = 5 * time.Second
+	// ReadTimeoutDefault covers the headers and the whole body: a 1 MiB
+	// body (the idempotency middleware's limit) at 100 KB/s fits.
+	ReadTimeoutDefault = 15 * time.Second
+	// WriteTimeoutDefault runs from the end of the headers to the end of
+	// the response, so it must cover the body's read, the handler (its
+	// idempotency lease, 30s by default) and the commit: 60s does.
+	WriteTimeoutDefault = 60 * time.Second
+	// IdleTimeoutDefault closes a keep-alive connection idle that long.
+	// Behind a load balancer, make it longer than the balancer's own idle
+	// timeout, so that the balancer, not billing, closes first.
+	IdleTimeoutDefault = 60 * time.Second
+	// MaxHeaderBytesDefault bounds the request line and headers: an
+	// Idempotency-Key is at most 255 bytes and a token a few dozen.
+	MaxHeaderBytesDefault = 64 << 10
+	// MaxConnsDefault bounds the open connections of one listener.
+	MaxConnsDefault = 512
+)
+
+// ErrInvalidConfig is a Config that WithDefaults refuses.
+var ErrInvalidConfig = errors.New("httpserver: invalid config")
+
+// Config bounds the resources of one HTTP listener. The environment
+// variable of each field is FromEnv's, with billing's prefix HTTP_.
+type Config struct {
+	// ReadHeaderTimeout bounds reading a request's line and headers
+	// (HTTP_READ_HEADER_TIMEOUT). Defaults to ReadHeaderTimeoutDefault (5s).
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading a whole request, body included
+	// (HTTP_READ_TIMEOUT): a body that never arrives, or arrives a byte at
+	// a time, is cut there. Defaults to ReadTimeoutDefault (15s).
+	ReadTimeout time.Duration
+	// WriteTimeout bounds a request from the end of its headers to the end
+	// of its response (HTTP_WRITE_TIMEOUT); it must exceed ReadTimeout.
+	// Defaults to WriteTimeoutDefault (60s).
+	WriteTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection that sends no new request
+	// (HTTP_IDLE_TIMEOUT). Defaults to IdleTimeoutDefault (60s).
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds the request line and headers
+	// (HTTP_MAX_HEADER_BYTES); larger requests get 431. Defaults to
+	// MaxHeaderBytesDefault (64 KiB).
+	MaxHeaderBytes int
+	// MaxConns bounds the open connections (HTTP_MAX_CONNS); see
+	// LimitListener for the ones beyond it. Defaults to MaxConnsDefault
+	// (512).
+	MaxConns int
+}
+
+// FromEnv reads c's fields from prefix+READ_HEADER_TIMEOUT,
+// prefix+READ_TIMEOUT, prefix+WRITE_TIMEOUT, prefix+IDLE_TIMEOUT (Go
+// durations), prefix+MAX_HEADER_BYTES and prefix+MAX_CONNS (positive
+// integers), each unset one left at its default, and returns the result
+// of WithDefaults. A bad value is a *cli.UsageError naming the variable or
+// the field.
+func FromEnv(prefix string) (Config, error) {
+	var c Config
+	var err error
+	for _, d := range []struct {
+		key string
+		dst *time.Duration
+		def time.Duration
+	}{
+		{"READ_HEADER_TIMEOUT", &c.ReadHeaderTimeout, ReadHeaderTimeoutDefault},
+		{"READ_TIMEOUT", &c.ReadTimeout, ReadTimeoutDefault},
+		{"WRITE_TIMEOUT", &c.WriteTimeout, WriteTimeoutDefault},
+		{"IDLE_TIMEOUT", &c.IdleTimeout, IdleTimeoutDefault},
+	} {
+		if *d.dst, err = cli.DurationEnv(prefix+d.key, d.def); err != nil {
+			return Config{}, err
+		}
+	}
+	if c.MaxHeaderBytes, err = cli.IntEnv(prefix+"MAX_HEADER_BYTES", MaxHeaderBytesDefault); err != nil {
+		return Config{}, err
+	}
+	if c.MaxConns, err = cli.IntEnv(prefix+"MAX_CONNS", MaxConnsDefault); err != nil {
+		return Config{}, err
+	}
+	out, err := c.WithDefaults()
+	if err != nil {
+		return Config{}, cli.Usagef("%v", err)
+	}
+	return out, nil
+}
+
+// WithDefaults returns c (nil means all defaults) with every zero field
+// set to its default, and validates it: a negative value, or a
+// WriteTimeout not above ReadTimeout, is an error wrapping
+// ErrInvalidConfig that names the field.
+func (c *Config) WithDefaults() (Config, error) {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&out.ReadHeaderTimeout, ReadHeaderTimeoutDefault)
+	def(&out.ReadTimeout, ReadTimeoutDefault)
+	def(&out.WriteTimeout, WriteTimeoutDefault)
+	def(&out.IdleTimeout, IdleTimeoutDefault)
+	if out.MaxHeaderBytes == 0 {
+		out.MaxHeaderBytes = MaxHeaderBytesDefault
+	}
+	if out.MaxConns == 0 {
+		out.MaxConns = MaxConnsDefault
+	}
+	bad := func(format string, args ...any) (Config, error) {
+		return Config{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case out.ReadHeaderTimeout < 0, out.ReadTimeout < 0, out.WriteTimeout < 0, out.IdleTimeout < 0:
+		return bad("ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout must be positive")
+	case out.ReadHeaderTimeout > out.ReadTimeout:
+		return bad("ReadHeaderTimeout %s must not exceed ReadTimeout %s", out.ReadHeaderTimeout, out.ReadTimeout)
+	case out.WriteTimeout <= out.ReadTimeout:
+		return bad("WriteTimeout %s must exceed ReadTimeout %s (it runs from the end of the headers, across the body's read)", out.WriteTimeout, out.ReadTimeout)
+	case out.MaxHeaderBytes < 4<<10:
+		return bad("MaxHeaderBytes %d must be at least 4096", out.MaxHeaderBytes)
+	case out.MaxConns < 1:
+		return bad("MaxConns %d must be at least 1", out.MaxConns)
+	}
+	return out, nil
+}
+
+// New returns the http.Server for h with cfg's timeouts (cfg as returned
+// by WithDefaults); its ErrorLog goes to log at level WARN (nil:
+// slog.Default()). Serve it on LimitListener(ln, cfg.MaxConns).
+func New(h http.Handler, cfg Config, log *slog.Logger) *http.Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+// LimitListener returns ln holding at most max connections open at once.
+// A connection beyond the limit is not left waiting in the kernel's
+// backlog (where it would hold a client for as long as the slowest of the
+// others): it is answered at once with 503 problem+json, Retry-After: 1
+// and Connection: close, without reading its request, so that the client
+// (or the load balancer) retries elsewhere or later. At most 64 such
+// answers are in flight; beyond that a connection is closed without one.
+// The slots are freed when the server closes a connection: the read,
+// write and idle timeouts bound how long anyone holds one.
+func LimitListener(ln net.Listener, max int) net.Listener {
+	return &limitListener{Listener: ln, slots: make(chan struct{}, max), refusing: make(chan struct{}, 64)}
+}
+
+type limitListener struct {
+	net.Listener
+	slots    chan struct{}
+	refusing chan struct{}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return &limitConn{Conn: c, release: func() { <-l.slots }}, nil
+		default:
+		}
+		select {
+		case l.refusing <- struct{}{}:
+			go func() {
+				defer func() { <-l.refusing }()
+				refuse(c)
+			}()
+		default:
+			_ = c.Close()
+		}
+	}
+}
+
+// refusal is the whole answer to a connection beyond the limit.
+var refusal = func() []byte {
+	body := `{"type":"https://github.com/idemkit/idem/blob/main/docs/problems.md#too-many-connections","title":"Service Unavailable","status":503,"detail":"too many open connections; retry later","code":"TOO_MANY_CONNECTIONS"}`
+	return []byte("HTTP/1.1 503 Service Unavailable\r\n" +
+		"Content-Type: application/problem+json\r\n" +
+		"Cache-Control: no-store\r\n" +
+		"Retry-After: 1\r\n" +
+		"Connection: close\r\n" +
+		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+}()
+
+// CodeTooManyConnections (503) is LimitListener's refusal.
+const CodeTooManyConnections = "TOO_MANY_CONNECTIONS"
+
+// refuse answers c with the refusal and closes it, within a second. The
+// write side is shut first and what the client sent is drained until it
+// closes: closing a socket with unread data makes the kernel reset the
+// connection, which can destroy the answer before the client reads it.
+func refuse(c net.Conn) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write(refusal); err != nil {
+		return
+	}
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
+}
+
+type limitConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}

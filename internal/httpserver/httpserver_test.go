@@ -1,0 +1,202 @@
+package httpserver_test
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/idem/internal/httpserver"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// serve runs h behind New and LimitListener on a loopback port.
+func serve(t *testing.T, h http.Handler, cfg httpserver.Config) string {
+	t.Helper()
+	c, err := cfg.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httpserver.New(h, c, nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(httpserver.LimitListener(ln, c.MaxConns))
+	}()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		<-done
+	})
+	return ln.Addr().String()
+}
+
+// readsBody answers 200 after reading the whole body, 400 if it cannot.
+var readsBody = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	if _, err := io.Copy(io.Discard, r.Body); err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+})
+
+// get sends GET / on a fresh connection and reads the answer; the client
+// gives up after 10s, which fails the test.
+func get(t *testing.T, addr string) (*http.Response, error) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("no answer within 10s")
+	}
+	if err != nil {
+		return nil, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp, nil
+}
+
+// TestConnectionsBeyondTheLimitAreRefused: with MaxConns 3 and three
+// connections held open (sending nothing), a fourth gets 503
+// TOO_MANY_CONNECTIONS with Retry-After at once and is closed; once one of
+// the three closes, a new connection is served.
+func TestConnectionsBeyondTheLimitAreRefused(t *testing.T) {
+	t.Parallel()
+	addr := serve(t, readsBody, httpserver.Config{MaxConns: 3, ReadHeaderTimeout: 30 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 40 * time.Second})
+	var held []net.Conn
+	for range 3 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		held = append(held, c)
+	}
+	// The server accepts in order; a fourth is refused once the three are
+	// accepted.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := get(t, addr)
+		if err == nil && resp.StatusCode == http.StatusServiceUnavailable {
+			if resp.Header.Get("Retry-After") != "1" || resp.Header.Get("Content-Type") != "application/problem+json" || !resp.Close {
+				t.Fatalf("refusal: %v close %v", resp.Header, resp.Close)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a fourth connection was served (%v %v) while three were held", resp, err)
+		}
+	}
+	_ = held[0].Close()
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		resp, err := get(t, addr)
+		if err == nil && resp.StatusCode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no connection served after a slot freed: %v %v", resp, err)
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval
+	}
+}
+
+// TestTimeoutsCloseSlowClients: headers that never end, a body that never
+// arrives and an idle keep-alive are each closed (or answered) by the
+// server at their timeout.
+func TestTimeoutsCloseSlowClients(t *testing.T) {
+	t.Parallel()
+	addr := serve(t, readsBody, httpserver.Config{ReadHeaderTimeout: 200 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, IdleTimeout: 300 * time.Millisecond, WriteTimeout: 5 * time.Second})
+	for _, req := range []string{
+		"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: 1\r\n",
+		"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+		"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n",
+		"GET / HTTP/1.1\r\nHost: x\r\n\r\n", // then idle
+	} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		fmt.Fprint(c, req)
+		// Read until the server closes: an answer may come first.
+		_, err = io.Copy(io.Discard, c)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Errorf("%q: held for 20s", req)
+		}
+		c.Close()
+	}
+}
+
+func TestConfigWithDefaults(t *testing.T) {
+	t.Parallel()
+	def, err := (*httpserver.Config)(nil).WithDefaults()
+	if err != nil || def.ReadTimeout != httpserver.ReadTimeoutDefault || def.MaxConns != httpserver.MaxConnsDefault || def.WriteTimeout <= def.ReadTimeout {
+		t.Fatalf("defaults %+v %v", def, err)
+	}
+	srv := httpserver.New(http.NotFoundHandler(), def, nil)
+	if srv.ReadHeaderTimeout != def.ReadHeaderTimeout || srv.ReadTimeout != def.ReadTimeout || srv.WriteTimeout != def.WriteTimeout ||
+		srv.IdleTimeout != def.IdleTimeout || srv.MaxHeaderBytes != def.MaxHeaderBytes {
+		t.Fatalf("server %+v does not carry %+v", srv, def)
+	}
+	for _, tt := range []struct {
+		cfg   httpserver.Config
+		field string
+	}{
+		{httpserver.Config{ReadTimeout: -1}, "ReadTimeout"},
+		{httpserver.Config{ReadTimeout: time.Minute, WriteTimeout: time.Minute}, "WriteTimeout"},
+		{httpserver.Config{ReadHeaderTimeout: time.Minute, ReadTimeout: time.Second}, "ReadHeaderTimeout"},
+		{httpserver.Config{MaxConns: -1}, "MaxConns"},
+		{httpserver.Config{MaxHeaderBytes: 100}, "MaxHeaderBytes"},
+	} {
+		_, err := tt.cfg.WithDefaults()
+		if !errors.Is(err, httpserver.ErrInvalidConfig) || !strings.Contains(err.Error(), tt.field) {
+			t.Errorf("%+v: %v, want an error naming %s", tt.cfg, err, tt.field)
+		}
+	}
+}
+
+// TestFromEnv reads every limit under a prefix. Not parallel: it sets the
+// environment.
+func TestFromEnv(t *testing.T) {
+	for k, v := range map[string]string{
+		"T_READ_HEADER_TIMEOUT": "1s", "T_READ_TIMEOUT": "2s", "T_WRITE_TIMEOUT": "3s",
+		"T_IDLE_TIMEOUT": "4s", "T_MAX_HEADER_BYTES": "8192", "T_MAX_CONNS": "7",
+	} {
+		t.Setenv(k, v)
+	}
+	c, err := httpserver.FromEnv("T_")
+	want := httpserver.Config{ReadHeaderTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, MaxHeaderBytes: 8192, MaxConns: 7}
+	if err != nil || c != want {
+		t.Fatalf("%+v %v, want %+v", c, err, want)
+	}
+	t.Setenv("T_MAX_CONNS", "many")
+	if _, err := httpserver.FromEnv("T_"); err == nil || !strings.Contains(err.Error(), "T_MAX_CONNS") {
+		t.Fatalf("bad T_MAX_CONNS: %v", err)
+	}
+	t.Setenv("T_MAX_CONNS", "7")
+	t.Setenv("T_WRITE_TIMEOUT", "1s")
+	if _, err := httpserver.FromEnv("T_"); err == nil || !strings.Contains(err.Error(), "WriteTimeout") {
+		t.Fatalf("write timeout below the read timeout: %v", err)
+	}
+}
