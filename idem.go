@@ -15,6 +15,37 @@ const (
 	HeaderReplayed = "Idempotent-Replayed"
 )
 
+// Message header names: what idem's outbox publishers put on every
+// message, on every broker (Kafka record headers, NATS message headers),
+// and what its consumers read back. One spelling for every adapter, so that
+// a consumer on one client library reads what a publisher on another wrote.
+const (
+	// HeaderEventID carries the outbox event id: the consumers' dedup key.
+	HeaderEventID = "event-id"
+	// HeaderEventType carries the outbox event type.
+	HeaderEventType = "event-type"
+	// HeaderAggregateType carries the aggregate type of the event.
+	HeaderAggregateType = "aggregate-type"
+	// HeaderAggregateSeq carries the event's sequence number within its
+	// aggregate, in decimal.
+	HeaderAggregateSeq = "aggregate-seq"
+)
+
+// Headers a consumer adds to a dead-lettered copy of a message, besides the
+// original headers (the event id among them).
+const (
+	// HeaderDeadLetterError carries the last handler error, cut to 1 KiB
+	// (consume.DeadLetterErrorMaxBytes).
+	HeaderDeadLetterError = "dlq-error"
+	// HeaderDeadLetterSource says where the original was: Kafka
+	// "topic/partition/offset", NATS "stream/sequence".
+	HeaderDeadLetterSource = "dlq-source"
+	// HeaderDeadLetterAttempts is how many times the handler failed.
+	HeaderDeadLetterAttempts = "dlq-attempts"
+	// HeaderDeadLetterConsumer is the consumer id that gave up.
+	HeaderDeadLetterConsumer = "dlq-consumer"
+)
+
 // MaxKeyLength is the longest key, in characters (bytes: keys are ASCII).
 const MaxKeyLength = 255
 

@@ -133,3 +133,21 @@ func RecordOf(e ConsumerEvent) *kgo.Record {
 	rec, _ := e.Message.Raw.(*kgo.Record)
 	return rec
 }
+
+// NewDriver returns the franz-go consume.Driver of cfg, for running a
+// consume.Consumer directly: with a broker-neutral handler (on
+// *consume.Message), or beside the drivers of other brokers. Only the
+// fields that reach the broker count (Brokers, Group, Topics, EventID,
+// MaxPollRecords, DeadLetterTopic, Logger, ClientOpts); the loop's own
+// settings (MaxAttempts, Batch, Prepare, Hook…) are consume.Config's.
+func NewDriver(cfg *ConsumerConfig) (consume.Driver, error) {
+	c := ConsumerConfig{}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.setDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return newDriver(&c), nil
+}

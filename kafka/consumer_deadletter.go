@@ -6,21 +6,23 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consume"
 )
 
 // Headers the consumer adds to a dead-lettered record, besides the
-// original headers (the event id among them, under HeaderEventID).
+// original headers (the event id among them, under HeaderEventID): package
+// idem's spelling, which every adapter shares.
 const (
 	// HeaderDeadLetterError carries the last handler error, cut to
 	// consume.DeadLetterErrorMaxBytes.
-	HeaderDeadLetterError = "dlq-error"
+	HeaderDeadLetterError = idem.HeaderDeadLetterError
 	// HeaderDeadLetterSource is the original "topic/partition/offset".
-	HeaderDeadLetterSource = "dlq-source"
+	HeaderDeadLetterSource = idem.HeaderDeadLetterSource
 	// HeaderDeadLetterAttempts is how many times the handler failed.
-	HeaderDeadLetterAttempts = "dlq-attempts"
+	HeaderDeadLetterAttempts = idem.HeaderDeadLetterAttempts
 	// HeaderDeadLetterConsumer is the ConsumerID that gave up.
-	HeaderDeadLetterConsumer = "dlq-consumer"
+	HeaderDeadLetterConsumer = idem.HeaderDeadLetterConsumer
 )
 
 // DeadLetter produces a copy of m's record to the dead-letter topic and

@@ -4,11 +4,4 @@ import "github.com/idemkit/idem/consume"
 
 // NewDriverForTest is the franz-go driver of cfg (defaults filled), for the
 // consumertest kit, which runs consume.Consumer on it directly.
-func NewDriverForTest(cfg *ConsumerConfig) (consume.Driver, error) {
-	c := *cfg
-	c.setDefaults()
-	if err := c.validate(); err != nil {
-		return nil, err
-	}
-	return newDriver(&c), nil
-}
+func NewDriverForTest(cfg *ConsumerConfig) (consume.Driver, error) { return NewDriver(cfg) }

@@ -13,15 +13,17 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/outbox"
 )
 
-// Record headers set by Publisher.
+// Record headers set by Publisher: package idem's spelling, which every
+// adapter shares.
 const (
-	HeaderEventID       = "event-id"
-	HeaderEventType     = "event-type"
-	HeaderAggregateType = "aggregate-type"
-	HeaderAggregateSeq  = "aggregate-seq"
+	HeaderEventID       = idem.HeaderEventID
+	HeaderEventType     = idem.HeaderEventType
+	HeaderAggregateType = idem.HeaderAggregateType
+	HeaderAggregateSeq  = idem.HeaderAggregateSeq
 )
 
 // ErrWeakProducer is returned by NewPublisher when the client is not
