@@ -1,0 +1,283 @@
+package kafkago
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consume"
+)
+
+// drainWindow is how long Fetch goes on taking messages the Reader already
+// has, after the first: they are queued in memory, so a few milliseconds
+// gather a batch without waiting for the broker.
+const drainWindow = 2 * time.Millisecond
+
+type driver struct {
+	cfg ConsumerConfig
+	log *slog.Logger
+}
+
+type partition struct {
+	topic string
+	part  int
+}
+
+// hold is a held partition: the offset of the message that holds it and
+// the later messages kept back meanwhile, in offset order.
+type hold struct {
+	at      int64
+	later   []*consume.Message
+	dropped bool // some later messages were dropped: reconnect at release
+}
+
+// session is one run's Reader and dead-letter Writer. Fetch, Ack, Hold and
+// Close run on the consumer's goroutine, so its state needs no lock;
+// DeadLetter runs concurrently and touches only the Writer, which is safe
+// for concurrent use.
+type session struct {
+	cfg *ConsumerConfig
+	log *slog.Logger
+	r   *kafka.Reader
+	w   *kafka.Writer
+
+	held map[partition]*hold
+	// ready: messages of partitions whose hold ended, handed over by the
+	// next Fetch before anything new.
+	ready []*consume.Message
+	// reopen: a released partition had dropped messages; the next Fetch
+	// replaces the Reader, which resumes every partition at its committed
+	// offset.
+	reopen bool
+}
+
+// Open makes the session's Reader and Writer; both connect lazily.
+func (d *driver) Open(context.Context) (consume.Session, error) {
+	s := &session{cfg: &d.cfg, log: d.log, held: map[partition]*hold{}}
+	s.r = s.newReader()
+	s.w = &kafka.Writer{
+		Addr:         kafka.TCP(d.cfg.Brokers...),
+		Balancer:     &kafka.Murmur2Balancer{},
+		RequiredAcks: kafka.RequireAll,
+		BatchSize:    math.MaxInt32,
+		BatchBytes:   d.cfg.DeadLetterMaxBytes,
+		BatchTimeout: WriterBatchTimeout,
+		// The consumer bounds and retries each dead-letter itself.
+		MaxAttempts: 3,
+		Transport:   &kafka.Transport{},
+	}
+	if d.cfg.Writer != nil {
+		d.cfg.Writer(s.w)
+	}
+	return s, nil
+}
+
+func (s *session) newReader() *kafka.Reader {
+	rc := kafka.ReaderConfig{
+		Brokers:     s.cfg.Brokers,
+		GroupID:     s.cfg.Group,
+		GroupTopics: s.cfg.Topics,
+		// Synchronous commits: CommitMessages returns once Kafka has the
+		// offsets, after the database commit (Ack).
+		CommitInterval: 0,
+		StartOffset:    kafka.FirstOffset,
+		IsolationLevel: kafka.ReadCommitted,
+		MaxWait:        MaxWaitDefault,
+		ErrorLogger: kafka.LoggerFunc(func(format string, a ...any) {
+			s.log.Debug("kafka-go reader: " + fmt.Sprintf(format, a...))
+		}),
+	}
+	if s.cfg.Reader != nil {
+		s.cfg.Reader(&rc)
+	}
+	return kafka.NewReader(rc)
+}
+
+func stream(topic string, part int) string { return topic + "/" + strconv.Itoa(part) }
+
+// Fetch hands over the messages of released holds first; otherwise it
+// waits for the Reader's next message and takes what else the Reader has
+// at hand, up to MaxPollRecords. Messages of held partitions are kept
+// back.
+func (s *session) Fetch(ctx context.Context) (consume.Fetch, error) {
+	if s.reopen {
+		s.reopen = false
+		s.ready = nil
+		if err := s.r.Close(); err != nil {
+			s.log.Warn("close reader for reconnect", "err", err)
+		}
+		s.r = s.newReader()
+	}
+	if len(s.ready) > 0 {
+		n := min(len(s.ready), s.cfg.MaxPollRecords)
+		f := consume.Fetch{Messages: s.ready[:n:n]}
+		s.ready = s.ready[n:]
+		return f, nil
+	}
+	var f consume.Fetch
+	km, err := s.r.FetchMessage(ctx)
+	if err != nil {
+		return f, err
+	}
+	s.take(&f, km)
+	dctx, cancel := context.WithTimeout(ctx, drainWindow)
+	defer cancel()
+	for len(f.Messages) < s.cfg.MaxPollRecords {
+		km, err := s.r.FetchMessage(dctx)
+		if err != nil {
+			break
+		}
+		s.take(&f, km)
+	}
+	return f, nil
+}
+
+// take adds km to f, or keeps it back if its partition is held.
+func (s *session) take(f *consume.Fetch, km kafka.Message) {
+	m := s.message(km)
+	if h := s.held[partition{km.Topic, km.Partition}]; h != nil {
+		s.keep(h, m)
+		return
+	}
+	f.Messages = append(f.Messages, m)
+}
+
+// keep adds m to h's later messages, in offset order and once: after a
+// reconnect the Reader brings back messages the hold already has.
+func (s *session) keep(h *hold, m *consume.Message) {
+	if m.Offset == h.at {
+		return // the holding message: the consumer has it
+	}
+	if n := len(h.later); n > 0 && m.Offset <= h.later[n-1].Offset {
+		for _, x := range h.later {
+			if x.Offset == m.Offset {
+				return
+			}
+		}
+	}
+	if len(h.later) >= s.cfg.MaxHeldMessages {
+		if !h.dropped {
+			s.log.Warn("held partition: later messages dropped past MaxHeldMessages; the reader reconnects when the hold ends",
+				"stream", m.Stream, "held_offset", h.at, "max", s.cfg.MaxHeldMessages)
+		}
+		h.dropped = true
+		return
+	}
+	i := len(h.later)
+	for i > 0 && h.later[i-1].Offset > m.Offset {
+		i--
+	}
+	h.later = append(h.later, nil)
+	copy(h.later[i+1:], h.later[i:])
+	h.later[i] = m
+}
+
+func (s *session) message(km kafka.Message) *consume.Message {
+	k := km
+	m := &consume.Message{
+		Stream: stream(k.Topic, k.Partition), Topic: k.Topic, Partition: int32(k.Partition), Offset: k.Offset,
+		Key: k.Key, Value: k.Value, Time: k.Time, EventID: s.cfg.EventID(&k), Raw: &k,
+	}
+	if len(k.Headers) > 0 {
+		m.Headers = make([]consume.Header, len(k.Headers))
+		for i, h := range k.Headers {
+			m.Headers[i] = consume.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	return m
+}
+
+// Ack commits the offsets of msgs (synchronously: it returns once Kafka
+// has them) and ends the holds whose holding message is among them.
+func (s *session) Ack(ctx context.Context, msgs []*consume.Message) error {
+	kms := make([]kafka.Message, 0, len(msgs))
+	for _, m := range msgs {
+		km := m.Raw.(*kafka.Message)
+		kms = append(kms, *km)
+		p := partition{km.Topic, km.Partition}
+		if h := s.held[p]; h != nil && km.Offset >= h.at {
+			delete(s.held, p)
+			if h.dropped {
+				s.reopen = true
+			} else {
+				s.ready = append(s.ready, h.later...)
+			}
+		}
+	}
+	return s.r.CommitMessages(ctx, kms...)
+}
+
+// Hold keeps m's partition back in the driver: the Reader cannot pause
+// one partition. The first held message holds it; the later ones handed
+// back (and those the Reader brings meanwhile) wait in memory until the
+// holding message is acked.
+func (s *session) Hold(_ context.Context, m *consume.Message) error {
+	km := m.Raw.(*kafka.Message)
+	p := partition{km.Topic, km.Partition}
+	h := s.held[p]
+	if h == nil {
+		s.held[p] = &hold{at: km.Offset}
+		return nil
+	}
+	s.keep(h, m)
+	return nil
+}
+
+// DeadLetter writes a copy of m to the dead-letter topic with the
+// dead-letter headers and waits for the broker's acknowledgement, or for
+// ctx.
+func (s *session) DeadLetter(ctx context.Context, m *consume.Message, dl consume.DeadLetter) error {
+	km := m.Raw.(*kafka.Message)
+	topic := s.cfg.DeadLetterTopic
+	if topic == "" {
+		topic = km.Topic + DeadLetterSuffixDefault
+	}
+	headers := make([]kafka.Header, 0, len(km.Headers)+5)
+	headers = append(headers, km.Headers...)
+	headers = append(headers,
+		kafka.Header{Key: idem.HeaderDeadLetterError, Value: []byte(dl.Error)},
+		kafka.Header{Key: idem.HeaderDeadLetterSource, Value: []byte(source(km))},
+		kafka.Header{Key: idem.HeaderDeadLetterAttempts, Value: []byte(strconv.Itoa(dl.Attempts))},
+		kafka.Header{Key: idem.HeaderDeadLetterConsumer, Value: []byte(dl.ConsumerID)},
+	)
+	if !hasHeader(km, idem.HeaderEventID) && m.EventID != "" {
+		headers = append(headers, kafka.Header{Key: idem.HeaderEventID, Value: []byte(m.EventID)})
+	}
+	return s.w.WriteMessages(ctx, kafka.Message{Topic: topic, Key: km.Key, Value: km.Value, Headers: headers})
+}
+
+func hasHeader(m *kafka.Message, key string) bool {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// Close closes the Reader (it leaves the group, so that another member
+// takes the partitions over at once) and the Writer, bounded by ctx.
+func (s *session) Close(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() {
+		err := s.r.Close()
+		err = errors.Join(err, s.w.Close())
+		if t, ok := s.w.Transport.(*kafka.Transport); ok {
+			t.CloseIdleConnections()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("kafkago: close: %w", ctx.Err())
+	}
+}
