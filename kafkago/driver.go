@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strconv"
 	"time"
 
@@ -66,7 +65,6 @@ func (d *driver) Open(context.Context) (consume.Session, error) {
 		Addr:         kafka.TCP(d.cfg.Brokers...),
 		Balancer:     &kafka.Murmur2Balancer{},
 		RequiredAcks: kafka.RequireAll,
-		BatchSize:    math.MaxInt32,
 		BatchBytes:   d.cfg.DeadLetterMaxBytes,
 		BatchTimeout: WriterBatchTimeout,
 		// The consumer bounds and retries each dead-letter itself.
