@@ -1,0 +1,61 @@
+// Package natsjs adapts idem to NATS JetStream (nats.go's jetstream
+// package): an outbox publisher and a consume.Driver on a durable pull
+// consumer. It is a Go module of its own, so that a user of idem's core
+// never downloads nats.go. Both pass the kits every adapter passes,
+// outbox/publishertest and consume/consumertest, against a real
+// nats-server -js.
+//
+// # Subjects and streams
+//
+// An event goes to the subject topic.<aggregate type>.<aggregate id>
+// (Subject; the last two are subject tokens, base64url-encoded behind a
+// '~' when they hold anything but letters, digits, '-' and '_'). Each
+// topic is one stream, StreamName(topic), capturing topic.*.* — every
+// aggregate of the topic and nothing of a longer one: the dead-letter
+// topic orders.events.dlq has its own stream, with subjects of one token
+// more. StreamConfig returns that stream; create it (billing does on
+// start) before publishing or consuming.
+//
+// # Publisher
+//
+// Every message carries Nats-Msg-Id = event id, so JetStream's duplicate
+// window (StreamConfig.Duplicates, 2 minutes by default) drops a relay's
+// re-send of an event it already stored: the broker-side dedup that
+// franz-go's idempotent producer gives Kafka for a retried produce, and
+// wider (any re-send with the same id within the window, from any relay,
+// is dropped). A re-send after the window is stored again and the
+// consumers' inbox drops it. Order: a subject (an aggregate) is stored in
+// the order its messages were acknowledged, and the Publisher sends an
+// aggregate's next event only once the previous one was acknowledged, so
+// a failure never lets a later event of its aggregate through.
+//
+// # Consumer
+//
+// The driver pulls from a durable consumer per topic (ConsumerConfig.Group
+// is its name) with explicit acks, given after the database commit:
+//
+//   - AckWait (30s) is how long a message in hand stays with this member;
+//     the driver renews it every third of AckWait (InProgress) while the
+//     message is being processed, retried or held, so a slow handler or
+//     Prepare is never redelivered under its feet, and a SIGKILLed member's
+//     messages come back after AckWait. Close gives back (Nak) what it
+//     holds, so they come back at once;
+//   - MaxDeliver is unlimited: JetStream never drops a message the
+//     consume.Consumer has not given up on; its MaxAttempts and
+//     dead-letter path decide (a dead-letter goes to the same aggregate's
+//     subject under the dead-letter topic);
+//   - a held subject (a message that can be neither processed nor
+//     dead-lettered) is held in the driver: its later messages stay in
+//     hand, unacknowledged and renewed, until the holding message is
+//     acked. MaxAckPending (1000) bounds them, with everything else in
+//     hand: a subject is one aggregate, whose later events are few.
+//
+// Order is per subject, that is per aggregate, within one member: the
+// durable consumer delivers in stream order and the consumer processes a
+// subject's messages one at a time. Unlike a Kafka partition, a subject
+// is not owned by one member: two members pulling from one durable get
+// different messages, possibly of one aggregate, at once. When the order
+// of one aggregate's events matters across members, run one member per
+// durable (or MaxAckPending 1); each event is still processed once either
+// way, by the inbox.
+package natsjs
