@@ -74,7 +74,9 @@ type ConsumerConfig struct {
 	// MaxPollRecords bounds the messages one Fetch asks for. Defaults to
 	// MaxPollRecordsDefault (100).
 	MaxPollRecords int
-	// FetchMaxWait bounds one pull request's wait. Defaults to
+	// FetchMaxWait bounds one pull request's wait, and so how long a stop
+	// or a stuck message's retry waits for the Fetch in progress: a pull
+	// request always runs to its expiry (see Fetch). Defaults to
 	// FetchMaxWaitDefault (500ms).
 	FetchMaxWait time.Duration
 	// Logger receives what the driver retries or works around. Defaults
@@ -337,8 +339,7 @@ func (s *session) bind(ctx context.Context, i int) (jetstream.Consumer, error) {
 
 // Fetch hands over the messages of released holds first; otherwise it
 // pulls up to MaxPollRecords from the next topic's durable consumer,
-// waiting at most FetchMaxWait (or until ctx ends). Messages of held
-// subjects are kept back.
+// waiting FetchMaxWait at most. Messages of held subjects are kept back.
 func (s *session) Fetch(ctx context.Context) (consume.Fetch, error) {
 	if len(s.ready) > 0 {
 		n := min(len(s.ready), s.cfg.MaxPollRecords)
@@ -353,9 +354,15 @@ func (s *session) Fetch(ctx context.Context) (consume.Fetch, error) {
 	if err != nil {
 		return f, err
 	}
-	fctx, cancel := context.WithTimeout(ctx, s.cfg.FetchMaxWait)
-	defer cancel()
-	batch, err := cons.Fetch(s.cfg.MaxPollRecords, jetstream.FetchContext(fctx))
+	if err := ctx.Err(); err != nil {
+		return f, err
+	}
+	// The pull request runs to its expiry, whatever ctx does meanwhile:
+	// a request given up early (its inbox gone) makes the server take
+	// back what it was delivering, and nats-server 2.9 then delivers
+	// those messages again as new, acked or not. A wake-up or a stop
+	// waits FetchMaxWait at most.
+	batch, err := cons.Fetch(s.cfg.MaxPollRecords, jetstream.FetchMaxWait(s.cfg.FetchMaxWait))
 	if err != nil {
 		return f, err
 	}
