@@ -289,7 +289,16 @@ func (p *Publisher) Publish(ctx context.Context, events []outbox.Event) error {
 				continue
 			case err = <-f.Err():
 			case <-ctx.Done():
-				err = fmt.Errorf("no acknowledgement by the deadline, outcome unknown: %w", ctx.Err())
+				// An answer that came before the deadline counts: a select
+				// with both ready picks at random, and an earlier future of
+				// the round may have used up the wait.
+				select {
+				case <-f.Ok():
+					continue
+				case err = <-f.Err():
+				default:
+					err = fmt.Errorf("no acknowledgement by the deadline, outcome unknown: %w", ctx.Err())
+				}
 			}
 			errs[i] = fmt.Errorf("natsjs: publish %s to %s: %w", e.EventID, e.Topic, err)
 			failed[agg{e.AggregateType, e.AggregateID}] = err
