@@ -1,6 +1,15 @@
 // Package pgtemp starts a throwaway PostgreSQL cluster from the local
 // PostgreSQL binaries: a fresh data directory in a temporary directory, a free
-// port on 127.0.0.1, trust authentication, stopped and deleted on Close.
+// port on 127.0.0.1, stopped and deleted on Close.
+//
+// It is not open to other local users: every connection, over TCP or the
+// Unix socket, authenticates with scram-sha-256 as the superuser
+// "postgres" with a random 256-bit password made for the cluster, which
+// only Cluster.URL carries (initdb reads it from a 0600 file deleted once
+// read). The temporary directory, which holds the Unix socket, and the
+// data directory are 0700. The server listens on 127.0.0.1 only. A
+// superuser can run programs as the cluster's OS user, so trust
+// authentication over TCP would give that to anyone on the machine.
 //
 // It is the last fallback of idem's embedded defaults (`billing demo`): used
 // when DATABASE_URL is empty and no server answers on 127.0.0.1:5432.

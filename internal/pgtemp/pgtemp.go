@@ -2,10 +2,13 @@ package pgtemp
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -57,10 +60,14 @@ type Config struct {
 
 // Cluster is a running throwaway server.
 type Cluster struct {
-	// URL connects as the superuser "postgres" to database "postgres".
+	// URL connects as the superuser "postgres" to database "postgres"
+	// over TCP, with the cluster's password: print it through cli.Redact,
+	// and hand it to a child process in its environment, never on its
+	// command line (which every local user can read).
 	URL string
-	// Dir is the temporary directory holding the data directory and the
-	// Unix socket.
+	// Dir is the temporary directory (0700, the cluster user's) holding
+	// the data directory and the Unix socket: host=Dir in a keyword/value
+	// connection string, with the password of URL.
 	Dir string
 	// Port is the TCP port on 127.0.0.1.
 	Port int
@@ -163,14 +170,13 @@ func Start(ctx context.Context, cfg *Config) (*Cluster, error) {
 			return nil, fmt.Errorf("pgtemp: chown %s: %w", dir, err)
 		}
 	}
+	password, err := newPassword()
+	if err != nil {
+		return nil, fmt.Errorf("pgtemp: %w", err)
+	}
 	data := filepath.Join(dir, "data")
-	initdb := exec.CommandContext(ctx, filepath.Join(c.BinDir, "initdb"),
-		"-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	initdb.Dir = dir
-	initdb.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
-	if out, err := initdb.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("%w: initdb: %v: %s", ErrStart, err, lastLine(out))
+	if err := initCluster(ctx, &c, cred, dir, data, password); err != nil {
+		return nil, err
 	}
 
 	// A free port can be taken between our probe and postgres's bind: try a
@@ -182,7 +188,10 @@ func Start(ctx context.Context, cfg *Config) (*Cluster, error) {
 			return nil, fmt.Errorf("pgtemp: %w", err)
 		}
 		cl := &Cluster{
-			URL:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+			URL: (&url.URL{
+				Scheme: "postgres", User: url.UserPassword("postgres", password),
+				Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Path: "/postgres", RawQuery: "sslmode=disable",
+			}).String(),
 			Dir:  dir,
 			Port: port,
 			cfg:  c,
@@ -202,6 +211,52 @@ func Start(ctx context.Context, cfg *Config) (*Cluster, error) {
 	return nil, lastErr
 }
 
+// newPassword returns the superuser's password: 256 random bits, in hex
+// so that it needs no escaping in a URL or a keyword/value string.
+func newPassword() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// initCluster runs initdb on data with password authentication
+// (scram-sha-256) for every connection, TCP and Unix socket alike: trust
+// would make the superuser, and through it a shell as the cluster's OS
+// user, anyone's who can reach 127.0.0.1. initdb reads the password from a
+// file: a command line is readable by every local user, the file is not
+// (0600, in dir, which is 0700), and it is deleted as soon as initdb has
+// read it, so that only the cluster's hash of it stays on disk.
+func initCluster(ctx context.Context, c *Config, cred *syscall.Credential, dir, data, password string) error {
+	pwfile := filepath.Join(dir, "pwfile")
+	f, err := os.OpenFile(pwfile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("pgtemp: %w", err)
+	}
+	defer os.Remove(pwfile)
+	_, err = io.WriteString(f, password+"\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && cred != nil {
+		err = os.Chown(pwfile, int(cred.Uid), int(cred.Gid))
+	}
+	if err != nil {
+		return fmt.Errorf("pgtemp: password file: %w", err)
+	}
+	initdb := exec.CommandContext(ctx, filepath.Join(c.BinDir, "initdb"),
+		"-D", data, "-U", "postgres", "--auth=scram-sha-256", "--pwfile="+pwfile,
+		"-E", "UTF8", "--no-sync")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	initdb.Dir = dir
+	initdb.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
+	if out, err := initdb.CombinedOutput(); err != nil {
+		return fmt.Errorf("%w: initdb: %v: %s", ErrStart, err, lastLine(out))
+	}
+	return nil
+}
+
 // startServer runs postgres on cl's data directory and port and waits until
 // it answers. The caller holds cl.mu or owns cl alone.
 //
@@ -215,7 +270,7 @@ func (cl *Cluster) startServer(ctx context.Context) error {
 	c, cred, dir, data, port := &cl.cfg, cl.cred, cl.Dir, cl.data, cl.Port
 	cmd := exec.Command(filepath.Join(c.BinDir, "postgres"),
 		"-D", data, "-p", strconv.Itoa(port), "-k", dir,
-		"-c", "listen_addresses=127.0.0.1",
+		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_permissions=0700",
 		"-c", "fsync=off", "-c", "full_page_writes=off",
 		"-c", "max_connections=200")
 	// Pdeathsig: if our process dies without Close, the postmaster goes too
