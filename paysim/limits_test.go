@@ -3,15 +3,18 @@ package paysim_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem/idemclient"
 	"github.com/idemkit/idem/paysim"
@@ -312,7 +315,7 @@ func serve(t *testing.T, cfg *paysim.Config) (*paysim.Server, string) {
 // not come within the test's wait.
 func TestFullLedgerAnswersBeforeTheBody(t *testing.T) {
 	t.Parallel()
-	sim, addr := serve(t, &paysim.Config{MaxLedgerEntries: 1, ReadTimeout: time.Hour})
+	sim, addr := serve(t, &paysim.Config{MaxLedgerEntries: 1, ReadTimeout: time.Hour, WriteTimeout: 2 * time.Hour})
 	if _, _, err := sim.Ledger().Insert(paysim.Charge{IdempotencyKey: "k", Principal: paysim.ScopeDefault, OrderID: "o", CustomerID: "c", AmountKopecks: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +341,7 @@ func TestFullLedgerAnswersBeforeTheBody(t *testing.T) {
 // Shutdown waits for the refusal (goleak checks nothing is left).
 func TestServeRefusesOverMaxConns(t *testing.T) {
 	t.Parallel()
-	sim, addr := serve(t, &paysim.Config{MaxConns: 1, ReadHeaderTimeout: time.Hour})
+	sim, addr := serve(t, &paysim.Config{MaxConns: 1, ReadHeaderTimeout: time.Hour, ReadTimeout: time.Hour, WriteTimeout: 2 * time.Hour})
 	held, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -354,4 +357,41 @@ func TestServeRefusesOverMaxConns(t *testing.T) {
 		t.Fatalf("stats %+v, want 1 refused", st)
 	}
 	held.Close()
+}
+
+// TestEchoedInputIsClipped: the 404 and 405 problems quote the path and
+// the method, within problem.MaxDetail (200) bytes, cut on a character
+// boundary (no U+FFFD made by the cut), and marked no-store.
+func TestEchoedInputIsClipped(t *testing.T) {
+	t.Parallel()
+	sim, err := paysim.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testCases := []struct {
+		name, method, target string
+		status               int
+		code, want           string
+	}{
+		{"10 KiB method", strings.Repeat("M", 10<<10), "/charges", 405, "METHOD_NOT_ALLOWED", " is not allowed on /charges"},
+		{"long path of two-byte characters", "GET", "/" + strings.Repeat("%C3%A9", 3000), 404, "NOT_FOUND", "no such resource: /éé"},
+		{"long path after one byte", "GET", "/a" + strings.Repeat("%C3%A9", 3000), 404, "NOT_FOUND", "no such resource: /aé"},
+		{"long path on a route", "GET", "/ledger/" + strings.Repeat("%E2%82%AC", 3000), 404, "NOT_FOUND", "no such resource: /ledger/€"},
+	}
+	for _, tt := range testCases {
+		w := httptest.NewRecorder()
+		sim.ServeHTTP(w, httptest.NewRequest(tt.method, tt.target, nil))
+		var p struct {
+			Code, Detail string
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
+			t.Fatalf("%s: %v: %q", tt.name, err, w.Body)
+		}
+		if w.Code != tt.status || p.Code != tt.code || w.Header().Get("Cache-Control") != "no-store" {
+			t.Errorf("%s: %d %v %+v", tt.name, w.Code, w.Header(), p)
+		}
+		if len(p.Detail) > 200 || w.Body.Len() > 1024 || !utf8.ValidString(p.Detail) || strings.ContainsRune(p.Detail, utf8.RuneError) || !strings.Contains(p.Detail, tt.want) {
+			t.Errorf("%s: a %d-byte answer with the %d-byte detail %q", tt.name, w.Body.Len(), len(p.Detail), p.Detail)
+		}
+	}
 }

@@ -9,12 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"log/slog"
 	"math"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode"
@@ -22,6 +22,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/httpserver"
+	"github.com/idemkit/idem/internal/problem"
 )
 
 // Defaults for Config.
@@ -74,16 +76,16 @@ const (
 // Problem codes paysim writes itself (the idempotency middleware writes
 // the IDEMPOTENCY_KEY_* ones). docs/problems.md describes each.
 const (
-	CodeMalformedJSON = "MALFORMED_JSON"       // 400: not one JSON object of the contract's shape
-	CodeInvalidCharge = "INVALID_CHARGE"       // 422: a field is missing, empty or out of range
-	CodeCardDeclined  = "CARD_DECLINED"        // 402: a definitive refusal, recorded; nothing charged, ever, for this key
-	CodeProviderFault = "PROVIDER_FAULT"       // 500 or 503: injected failure or abandoned charge, nothing charged
-	CodeNotFound      = "NOT_FOUND"            // 404
-	CodeMethod        = "METHOD_NOT_ALLOWED"   // 405
-	CodeFieldTooLong  = "FIELD_TOO_LONG"       // 400: order_id, customer_id or the principal is over its bound; nothing stored
-	CodeLedgerFull    = "LEDGER_FULL"          // 507: a new key on a ledger at its bounds; nothing charged or stored
-	CodeInvalidPage   = "INVALID_PAGE"         // 400: GET /ledger's after or limit is not a valid value
-	CodeTooManyConns  = "TOO_MANY_CONNECTIONS" // 503 with Retry-After: over Config.MaxConns; the connection is closed
+	CodeMalformedJSON = "MALFORMED_JSON"                  // 400: not one JSON object of the contract's shape
+	CodeInvalidCharge = "INVALID_CHARGE"                  // 422: a field is missing, empty or out of range
+	CodeCardDeclined  = "CARD_DECLINED"                   // 402: a definitive refusal, recorded; nothing charged, ever, for this key
+	CodeProviderFault = "PROVIDER_FAULT"                  // 500 or 503: injected failure or abandoned charge, nothing charged
+	CodeNotFound      = "NOT_FOUND"                       // 404
+	CodeMethod        = "METHOD_NOT_ALLOWED"              // 405
+	CodeFieldTooLong  = "FIELD_TOO_LONG"                  // 400: order_id, customer_id or the principal is over its bound; nothing stored
+	CodeLedgerFull    = "LEDGER_FULL"                     // 507: a new key on a ledger at its bounds; nothing charged or stored
+	CodeInvalidPage   = "INVALID_PAGE"                    // 400: GET /ledger's after or limit is not a valid value
+	CodeTooManyConns  = httpserver.CodeTooManyConnections // "TOO_MANY_CONNECTIONS", 503 with Retry-After: over Config.MaxConns; the connection is closed
 )
 
 // ErrInvalidConfig is returned by New for a bad Config; the error names
@@ -149,11 +151,13 @@ type Config struct {
 	LedgerToken string
 
 	// The HTTP server's bounds, used by Serve (not by ServeHTTP: a caller
-	// with its own http.Server sets its own).
+	// with its own http.Server sets its own). They are the bounds of
+	// idem's other programs (billing's HTTP_* limits), checked the same
+	// way, with paysim's defaults.
 
 	// ReadHeaderTimeout bounds the reading of a request's header, from the
-	// connection's first byte (or the end of the previous answer).
-	// Defaults to ReadHeaderTimeoutDefault (5s).
+	// connection's first byte (or the end of the previous answer); at most
+	// ReadTimeout. Defaults to ReadHeaderTimeoutDefault (5s).
 	ReadHeaderTimeout time.Duration
 	// ReadTimeout bounds the reading of a whole request, body included: a
 	// body that never arrives or trickles in is cut at this point (400
@@ -162,21 +166,23 @@ type Config struct {
 	ReadTimeout time.Duration
 	// WriteTimeout bounds a request from the end of its header to the end
 	// of its answer; Serve adds Latency so that a slow charge is still
-	// answered. It also bounds a GET /ledger answer. Defaults to
-	// WriteTimeoutDefault (30s).
+	// answered. With Latency it must exceed ReadTimeout, since it runs
+	// across the body's read. It also bounds a GET /ledger answer.
+	// Defaults to WriteTimeoutDefault (30s).
 	WriteTimeout time.Duration
 	// IdleTimeout is how long a keep-alive connection may wait for its
 	// next request before it is closed. Defaults to IdleTimeoutDefault
 	// (60s).
 	IdleTimeout time.Duration
-	// MaxConns bounds the connections Serve serves at once. One more is
-	// answered 503 TOO_MANY_CONNECTIONS with Retry-After: 1 and closed
+	// MaxConns bounds the connections Serve serves at once on each
+	// listener it is given. One more has its request's header read and
+	// answered 503 TOO_MANY_CONNECTIONS with Retry-After: 1, and is closed
 	// (beyond 64 such answers in flight, closed without one). The read
 	// timeouts above make sure a held connection frees its place.
 	// Defaults to MaxConnsDefault (256).
 	MaxConns int
-	// MaxHeaderBytes bounds a request's header; a larger one is 431.
-	// Defaults to MaxHeaderBytesDefault (32 KiB).
+	// MaxHeaderBytes bounds a request's header; a larger one is 431. At
+	// least 4096. Defaults to MaxHeaderBytesDefault (32 KiB).
 	MaxHeaderBytes int
 }
 
@@ -301,7 +307,11 @@ type Server struct {
 	mw      *idempotency.Middleware
 	handler http.Handler
 	http    *http.Server
-	lns     *listeners
+	// maxConns is the bound of each listener Serve wraps; lns are those
+	// listeners, for Stats and GET /metrics.
+	maxConns int
+	lnsMu    sync.Mutex
+	lns      []*httpserver.Listener
 
 	charged, replayed, inProgress, reused, failed, dropped, invalid, declined, ledgerFull atomic.Int64
 }
@@ -315,7 +325,6 @@ func New(cfg *Config) (*Server, error) {
 	s := &Server{
 		cfg: c, ledger: newLedger(c.MaxLedgerEntries, c.MaxLedgerBytes),
 		faults: newFaults(c.Seed, c.FailRate, c.DropRate, c.DeclineRate),
-		lns:    newListeners(c.MaxConns),
 	}
 	mw, err := idempotency.New(idempotency.NewMemoryStore(), &idempotency.Config{
 		Scope:     c.Scope,
@@ -338,36 +347,38 @@ func New(cfg *Config) (*Server, error) {
 		})
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, http.StatusNotFound, CodeNotFound, "no such resource: "+clip(r.URL.Path))
+		writeProblem(w, http.StatusNotFound, CodeNotFound, "no such resource: "+r.URL.Path)
 	})
 	s.handler = mux
-	s.http = &http.Server{
-		Handler:           s,
-		ReadHeaderTimeout: c.ReadHeaderTimeout,
-		ReadTimeout:       c.ReadTimeout,
-		WriteTimeout:      c.WriteTimeout + c.Latency,
-		IdleTimeout:       c.IdleTimeout,
-		MaxHeaderBytes:    c.MaxHeaderBytes,
-		// net/http's own complaints (an accept error, a malformed
-		// request it answered itself) go where the simulator's logs go,
-		// and nowhere without a Logger: a client must not be able to
-		// write to stderr at will.
-		ErrorLog: log.New(io.Discard, "", 0),
+	// The server's bounds are internal/httpserver's, as billing's are;
+	// the write timeout also covers the charge's Latency.
+	hc, err := (&httpserver.Config{
+		ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout, WriteTimeout: c.WriteTimeout + c.Latency,
+		IdleTimeout: c.IdleTimeout, MaxHeaderBytes: c.MaxHeaderBytes, MaxConns: c.MaxConns,
+	}).WithDefaults()
+	if err != nil {
+		msg := strings.TrimPrefix(err.Error(), httpserver.ErrInvalidConfig.Error()+": ")
+		if c.Latency > 0 && strings.HasPrefix(msg, "WriteTimeout") {
+			msg += fmt.Sprintf(" (WriteTimeout %v plus Latency %v)", c.WriteTimeout, c.Latency)
+		}
+		return nil, fmt.Errorf("%w: %s", ErrInvalidConfig, msg)
 	}
-	if c.Logger != nil {
-		s.http.ErrorLog = slog.NewLogLogger(c.Logger.Handler(), slog.LevelWarn)
+	// net/http's own complaints (an accept error, a malformed request it
+	// answered itself) go where the simulator's logs go, and nowhere
+	// without a Logger: a client must not be able to write to stderr at
+	// will.
+	logger := c.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
 	}
+	s.http = httpserver.New(s, hc, logger)
+	s.maxConns = hc.MaxConns
 	return s, nil
 }
 
-// clip bounds a piece of the request echoed in an answer.
-func clip(s string) string {
-	const n = 64
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
+// clip bounds a piece of the request quoted in an answer, so that what
+// follows it in the detail fits too.
+func clip(s string) string { return problem.Clip(s, 64) }
 
 func authorizationScope(r *http.Request) (string, error) {
 	if a := r.Header.Get("Authorization"); a != "" {
@@ -387,7 +398,7 @@ func (s *Server) Stats() Stats {
 	return Stats{
 		Charged: s.charged.Load(), Replayed: s.replayed.Load(), InProgress: s.inProgress.Load(), Reused: s.reused.Load(),
 		Failed: s.failed.Load(), Dropped: s.dropped.Load(), Invalid: s.invalid.Load(), Declined: s.declined.Load(),
-		LedgerFull: s.ledgerFull.Load(), Refused: s.lns.refused.Load(),
+		LedgerFull: s.ledgerFull.Load(), Refused: s.connections(func(l *httpserver.Listener) int64 { return l.Refused() }),
 	}
 }
 
@@ -424,7 +435,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, "# HELP paysim_ledger_keys_max The bound of paysim_ledger_keys.\n# TYPE paysim_ledger_keys_max gauge\npaysim_ledger_keys_max %d\n", u.MaxKeys)
 	fmt.Fprintf(w, "# HELP paysim_ledger_bytes Estimated bytes the ledger holds, against paysim_ledger_bytes_max.\n# TYPE paysim_ledger_bytes gauge\npaysim_ledger_bytes %d\n", u.Bytes)
 	fmt.Fprintf(w, "# HELP paysim_ledger_bytes_max The bound of paysim_ledger_bytes.\n# TYPE paysim_ledger_bytes_max gauge\npaysim_ledger_bytes_max %d\n", u.MaxBytes)
-	fmt.Fprintf(w, "# HELP paysim_connections_open Connections being served.\n# TYPE paysim_connections_open gauge\npaysim_connections_open %d\n", s.lns.open())
+	fmt.Fprintf(w, "# HELP paysim_connections_open Connections being served.\n# TYPE paysim_connections_open gauge\npaysim_connections_open %d\n", s.connections(func(l *httpserver.Listener) int64 { return int64(l.Open()) }))
 	fmt.Fprintf(w, "# HELP paysim_connections_refused_total Connections refused over the limit (503 TOO_MANY_CONNECTIONS).\n# TYPE paysim_connections_refused_total counter\npaysim_connections_refused_total %d\n", st.Refused)
 }
 
@@ -943,15 +954,8 @@ func (b *bufferedWriter) flushTo(w http.ResponseWriter) {
 	w.Write(b.body.Bytes())
 }
 
-// writeProblem writes an RFC 9457 problem with idem's code member.
+// writeProblem writes an RFC 9457 problem with idem's code member, its
+// detail bounded (problem.MaxDetail).
 func writeProblem(w http.ResponseWriter, status int, code, detail string) {
-	w.Header().Set("Content-Type", idem.ProblemContentType)
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(idempotency.Problem{
-		Type:   "https://github.com/idemkit/idem/blob/main/docs/problems.md#" + strings.ToLower(strings.ReplaceAll(code, "_", "-")),
-		Title:  http.StatusText(status),
-		Status: status,
-		Detail: detail,
-		Code:   code,
-	})
+	problem.Write(w, status, code, detail)
 }

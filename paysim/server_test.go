@@ -379,10 +379,20 @@ func TestNewValidatesConfig(t *testing.T) {
 		{paysim.Config{IdleTimeout: -1}, "IdleTimeout"},
 		{paysim.Config{MaxConns: -1}, "MaxConns"},
 		{paysim.Config{MaxHeaderBytes: -1}, "MaxHeaderBytes"},
+		// The HTTP bounds are checked against each other as billing's are.
+		{paysim.Config{MaxHeaderBytes: 100}, "MaxHeaderBytes"},
+		{paysim.Config{ReadHeaderTimeout: time.Hour}, "ReadHeaderTimeout"},
+		{paysim.Config{ReadTimeout: time.Hour}, "WriteTimeout 30s must exceed ReadTimeout 1h"},
+		{paysim.Config{ReadTimeout: time.Hour, Latency: time.Minute}, "WriteTimeout 30s plus Latency 1m"},
 	} {
 		if _, err := paysim.New(&tt.cfg); !errors.Is(err, paysim.ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("New(%+v) = %v, want ErrInvalidConfig naming %s", tt.cfg, err, tt.want)
 		}
+	}
+	// Latency counts toward the write timeout: a charge that waits it is
+	// still answered.
+	if _, err := paysim.New(&paysim.Config{ReadTimeout: time.Minute, WriteTimeout: time.Second, Latency: time.Minute}); err != nil {
+		t.Errorf("WriteTimeout 1s plus Latency 1m over ReadTimeout 1m: %v", err)
 	}
 }
 

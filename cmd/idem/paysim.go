@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/cli"
+	"github.com/idemkit/idem/internal/httpserver"
 	"github.com/idemkit/idem/paysim"
 )
 
@@ -22,7 +23,7 @@ func init() {
 }
 
 const paysimUsage = `Usage: idem paysim [--addr ADDR] [--fail-rate P] [--drop-rate P] [--decline-rate P] [--latency D] [--seed N]
-                   [--max-ledger-entries N] [--max-ledger-bytes SIZE] [--max-conns N]
+                   [--max-ledger-entries N] [--max-ledger-bytes SIZE] [--max-conns N] [--max-header-bytes N]
                    [--read-header-timeout D] [--read-timeout D] [--write-timeout D] [--idle-timeout D] [-v]
 
 Runs a payment provider that honours Idempotency-Key:
@@ -59,10 +60,11 @@ FIELD_TOO_LONG); the ledger remembers at most --max-ledger-entries keys and
 --max-ledger-bytes of them (SIZE as 1048576, 64KiB, 256MiB, 1GiB), beyond
 which a new key is 507 LEDGER_FULL, nothing charged, while known keys are still
 answered; at most --max-conns connections, one more gets 503
-TOO_MANY_CONNECTIONS. A request's header must arrive within
---read-header-timeout, the whole request within --read-timeout, its answer
-within --write-timeout (plus --latency); a keep-alive connection idle for
---idle-timeout is closed.
+TOO_MANY_CONNECTIONS. A request's line and header are at most
+--max-header-bytes (431 beyond) and must arrive within --read-header-timeout,
+the whole request within --read-timeout, its answer within --write-timeout
+(plus --latency), which must therefore exceed --read-timeout; a keep-alive
+connection idle for --idle-timeout is closed.
 
 It listens on 127.0.0.1:8090 by default. Any address that is not loopback is
 an explicit choice, and paysim warns about it on stderr. Prints "paysim
@@ -74,8 +76,9 @@ Every flag defaults to its environment variable: PAYSIM_ADDR (default
 127.0.0.1:8090), PAYSIM_FAIL_RATE, PAYSIM_DROP_RATE, PAYSIM_DECLINE_RATE,
 PAYSIM_LATENCY, PAYSIM_SEED, PAYSIM_MAX_LEDGER_ENTRIES (1000000),
 PAYSIM_MAX_LEDGER_BYTES (256MiB), PAYSIM_MAX_CONNS (256),
-PAYSIM_READ_HEADER_TIMEOUT (5s), PAYSIM_READ_TIMEOUT (10s),
-PAYSIM_WRITE_TIMEOUT (30s), PAYSIM_IDLE_TIMEOUT (60s).`
+PAYSIM_MAX_HEADER_BYTES (32768), PAYSIM_READ_HEADER_TIMEOUT (5s),
+PAYSIM_READ_TIMEOUT (10s), PAYSIM_WRITE_TIMEOUT (30s), PAYSIM_IDLE_TIMEOUT
+(60s).`
 
 // paysimAddrDefault is loopback: paysim authenticates nobody, so listening
 // on every interface must be asked for.
@@ -116,24 +119,15 @@ func runPaysim(ctx context.Context, args []string) error {
 			return cli.Usagef("PAYSIM_MAX_LEDGER_BYTES=%q: %v", v, err)
 		}
 	}
-	connsEnv, err := intEnv("PAYSIM_MAX_CONNS", paysim.MaxConnsDefault)
-	if err != nil {
+	// The HTTP bounds are read as billing's HTTP_* are, from paysim's
+	// defaults.
+	hc := httpserver.Config{
+		ReadHeaderTimeout: paysim.ReadHeaderTimeoutDefault, ReadTimeout: paysim.ReadTimeoutDefault,
+		WriteTimeout: paysim.WriteTimeoutDefault, IdleTimeout: paysim.IdleTimeoutDefault,
+		MaxHeaderBytes: paysim.MaxHeaderBytesDefault, MaxConns: paysim.MaxConnsDefault,
+	}
+	if err := hc.ReadEnv("PAYSIM_"); err != nil {
 		return err
-	}
-	timeouts := []struct {
-		env string
-		def time.Duration
-		val time.Duration
-	}{
-		{"PAYSIM_READ_HEADER_TIMEOUT", paysim.ReadHeaderTimeoutDefault, 0},
-		{"PAYSIM_READ_TIMEOUT", paysim.ReadTimeoutDefault, 0},
-		{"PAYSIM_WRITE_TIMEOUT", paysim.WriteTimeoutDefault, 0},
-		{"PAYSIM_IDLE_TIMEOUT", paysim.IdleTimeoutDefault, 0},
-	}
-	for i := range timeouts {
-		if timeouts[i].val, err = cli.DurationEnv(timeouts[i].env, timeouts[i].def); err != nil {
-			return err
-		}
 	}
 	shutdown, err := cli.DurationEnv("SHUTDOWN_TIMEOUT", 25*time.Second)
 	if err != nil {
@@ -150,11 +144,12 @@ func runPaysim(ctx context.Context, args []string) error {
 	maxEntries := fs.Int("max-ledger-entries", entriesEnv, "keys the ledger remembers before a new one is 507 LEDGER_FULL (env PAYSIM_MAX_LEDGER_ENTRIES)")
 	maxBytes := bytesEnv
 	fs.Var(&maxBytes, "max-ledger-bytes", "`SIZE` of the ledger's memory budget, e.g. 256MiB (env PAYSIM_MAX_LEDGER_BYTES)")
-	maxConns := fs.Int("max-conns", connsEnv, "connections served at once; one more gets 503 TOO_MANY_CONNECTIONS (env PAYSIM_MAX_CONNS)")
-	readHeader := fs.Duration("read-header-timeout", timeouts[0].val, "bound of a request's header (env PAYSIM_READ_HEADER_TIMEOUT)")
-	read := fs.Duration("read-timeout", timeouts[1].val, "bound of a whole request, body included (env PAYSIM_READ_TIMEOUT)")
-	write := fs.Duration("write-timeout", timeouts[2].val, "bound of an answer from the end of the request's header, plus --latency (env PAYSIM_WRITE_TIMEOUT)")
-	idle := fs.Duration("idle-timeout", timeouts[3].val, "a keep-alive connection idle this long is closed (env PAYSIM_IDLE_TIMEOUT)")
+	maxConns := fs.Int("max-conns", hc.MaxConns, "connections served at once; one more gets 503 TOO_MANY_CONNECTIONS (env PAYSIM_MAX_CONNS)")
+	maxHeader := fs.Int("max-header-bytes", hc.MaxHeaderBytes, "bound of a request's line and header; a larger one gets 431 (env PAYSIM_MAX_HEADER_BYTES)")
+	readHeader := fs.Duration("read-header-timeout", hc.ReadHeaderTimeout, "bound of a request's header (env PAYSIM_READ_HEADER_TIMEOUT)")
+	read := fs.Duration("read-timeout", hc.ReadTimeout, "bound of a whole request, body included (env PAYSIM_READ_TIMEOUT)")
+	write := fs.Duration("write-timeout", hc.WriteTimeout, "bound of an answer from the end of the request's header, plus --latency (env PAYSIM_WRITE_TIMEOUT)")
+	idle := fs.Duration("idle-timeout", hc.IdleTimeout, "a keep-alive connection idle this long is closed (env PAYSIM_IDLE_TIMEOUT)")
 	verbose := fs.Bool("v", false, "log every charge step to stderr")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -172,13 +167,14 @@ func runPaysim(ctx context.Context, args []string) error {
 			return cli.Usagef("%s %v must be positive", d.name, d.v)
 		}
 	}
-	if *maxEntries <= 0 || *maxConns <= 0 || maxBytes <= 0 {
-		return cli.Usagef("--max-ledger-entries, --max-ledger-bytes and --max-conns must be positive")
+	if *maxEntries <= 0 || *maxConns <= 0 || maxBytes <= 0 || *maxHeader <= 0 {
+		return cli.Usagef("--max-ledger-entries, --max-ledger-bytes, --max-conns and --max-header-bytes must be positive")
 	}
 	cfg := &paysim.Config{
 		FailRate: *failRate, DropRate: *dropRate, DeclineRate: *declineRate, Latency: *latency, Seed: *seed,
 		MaxLedgerEntries: *maxEntries, MaxLedgerBytes: int64(maxBytes), LedgerToken: os.Getenv("PAYSIM_LEDGER_TOKEN"),
-		ReadHeaderTimeout: *readHeader, ReadTimeout: *read, WriteTimeout: *write, IdleTimeout: *idle, MaxConns: *maxConns,
+		ReadHeaderTimeout: *readHeader, ReadTimeout: *read, WriteTimeout: *write, IdleTimeout: *idle,
+		MaxConns: *maxConns, MaxHeaderBytes: *maxHeader,
 	}
 	if *verbose {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))

@@ -568,7 +568,7 @@ func TestPaysimSlowAndIdleConnectionsClosed(t *testing.T) {
 // body would not come within the test's wait.
 func TestPaysimAnswersBeforeTheBody(t *testing.T) {
 	t.Parallel()
-	p := startPaysim(t, []string{"PAYSIM_READ_TIMEOUT=1h"})
+	p := startPaysim(t, []string{"PAYSIM_READ_TIMEOUT=1h", "PAYSIM_WRITE_TIMEOUT=2h"})
 	for _, tt := range []struct {
 		name, header, want string
 	}{
@@ -593,7 +593,7 @@ func TestPaysimAnswersBeforeTheBody(t *testing.T) {
 // closed; once a connection closes, a new one is served again.
 func TestPaysimConnectionLimit(t *testing.T) {
 	t.Parallel()
-	p := startPaysim(t, []string{"PAYSIM_MAX_CONNS=4", "PAYSIM_READ_HEADER_TIMEOUT=1h", "PAYSIM_READ_TIMEOUT=1h"})
+	p := startPaysim(t, []string{"PAYSIM_MAX_CONNS=4", "PAYSIM_READ_HEADER_TIMEOUT=1h", "PAYSIM_READ_TIMEOUT=1h", "PAYSIM_WRITE_TIMEOUT=2h"})
 	held := make([]*rawConn, 4)
 	for i := range held {
 		held[i] = dialRaw(t, p.url)

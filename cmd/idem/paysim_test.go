@@ -232,6 +232,9 @@ func TestPaysimBadInput(t *testing.T) {
 		{"bad env conns", []string{"PAYSIM_MAX_CONNS=-"}, []string{"paysim"}, "PAYSIM_MAX_CONNS"},
 		{"zero read timeout", nil, []string{"paysim", "--read-timeout", "0"}, "--read-timeout 0s must be positive"},
 		{"bad env idle timeout", []string{"PAYSIM_IDLE_TIMEOUT=forever"}, []string{"paysim"}, "PAYSIM_IDLE_TIMEOUT"},
+		{"bad env header bytes", []string{"PAYSIM_MAX_HEADER_BYTES=big"}, []string{"paysim"}, "PAYSIM_MAX_HEADER_BYTES"},
+		{"header bytes below 4 KiB", nil, []string{"paysim", "--max-header-bytes", "100"}, "MaxHeaderBytes 100 must be at least 4096"},
+		{"write timeout within the read timeout", []string{"PAYSIM_READ_TIMEOUT=1m"}, []string{"paysim"}, "WriteTimeout 30s must exceed ReadTimeout 1m0s"},
 		{"short ledger token", []string{"PAYSIM_LEDGER_TOKEN=short"}, []string{"paysim"}, "LedgerToken"},
 	}
 	for _, tt := range testCases {

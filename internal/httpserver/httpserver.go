@@ -1,8 +1,11 @@
 // Package httpserver builds the HTTP servers of idem's programs with
 // bounded resources for anonymous clients: read-header, read, write and
 // idle timeouts, a header size bound (New), and a bound on open
-// connections that answers the ones beyond it at once (LimitListener).
-// Config.FromEnv reads the limits from PREFIX_READ_TIMEOUT and the like.
+// connections that answers the ones beyond it at once with 503
+// TOO_MANY_CONNECTIONS (LimitListener). billing and paysim both serve
+// through it.
+// FromEnv and Config.ReadEnv read the limits from PREFIX_READ_TIMEOUT and
+// the like.
 //
 // It guarantees that no connection is held longer than its timeouts allow
 // and that at most MaxConns are open; it does not rate-limit requests, and
@@ -11,6 +14,7 @@
 package httpserver
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -19,9 +23,11 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem/internal/cli"
+	"github.com/idemkit/idem/internal/problem"
 )
 
 // Defaults of Config. Together they bound what an anonymous client
@@ -78,33 +84,13 @@ type Config struct {
 	MaxConns int
 }
 
-// FromEnv reads c's fields from prefix+READ_HEADER_TIMEOUT,
-// prefix+READ_TIMEOUT, prefix+WRITE_TIMEOUT, prefix+IDLE_TIMEOUT (Go
-// durations), prefix+MAX_HEADER_BYTES and prefix+MAX_CONNS (positive
-// integers), each unset one left at its default, and returns the result
-// of WithDefaults. A bad value is a *cli.UsageError naming the variable or
-// the field.
+// FromEnv reads a Config from the environment (ReadEnv with prefix), each
+// unset variable left at its default, and returns the result of
+// WithDefaults. A bad value is a *cli.UsageError naming the variable or the
+// field.
 func FromEnv(prefix string) (Config, error) {
 	var c Config
-	var err error
-	for _, d := range []struct {
-		key string
-		dst *time.Duration
-		def time.Duration
-	}{
-		{"READ_HEADER_TIMEOUT", &c.ReadHeaderTimeout, ReadHeaderTimeoutDefault},
-		{"READ_TIMEOUT", &c.ReadTimeout, ReadTimeoutDefault},
-		{"WRITE_TIMEOUT", &c.WriteTimeout, WriteTimeoutDefault},
-		{"IDLE_TIMEOUT", &c.IdleTimeout, IdleTimeoutDefault},
-	} {
-		if *d.dst, err = cli.DurationEnv(prefix+d.key, d.def); err != nil {
-			return Config{}, err
-		}
-	}
-	if c.MaxHeaderBytes, err = cli.IntEnv(prefix+"MAX_HEADER_BYTES", MaxHeaderBytesDefault); err != nil {
-		return Config{}, err
-	}
-	if c.MaxConns, err = cli.IntEnv(prefix+"MAX_CONNS", MaxConnsDefault); err != nil {
+	if err := c.ReadEnv(prefix); err != nil {
 		return Config{}, err
 	}
 	out, err := c.WithDefaults()
@@ -112,6 +98,38 @@ func FromEnv(prefix string) (Config, error) {
 		return Config{}, cli.Usagef("%v", err)
 	}
 	return out, nil
+}
+
+// ReadEnv sets each field of c whose variable is set: prefix +
+// READ_HEADER_TIMEOUT, READ_TIMEOUT, WRITE_TIMEOUT, IDLE_TIMEOUT (positive
+// Go durations), MAX_HEADER_BYTES and MAX_CONNS (positive integers). A
+// field whose variable is unset keeps its value, so that a program can
+// start from defaults of its own, read the environment over them, and then
+// its flags over that. A bad value is a *cli.UsageError naming the
+// variable. It does not check the fields against each other: WithDefaults
+// does, once every source is read.
+func (c *Config) ReadEnv(prefix string) error {
+	var err error
+	for _, d := range []struct {
+		key string
+		dst *time.Duration
+	}{
+		{"READ_HEADER_TIMEOUT", &c.ReadHeaderTimeout},
+		{"READ_TIMEOUT", &c.ReadTimeout},
+		{"WRITE_TIMEOUT", &c.WriteTimeout},
+		{"IDLE_TIMEOUT", &c.IdleTimeout},
+	} {
+		if *d.dst, err = cli.DurationEnv(prefix+d.key, *d.dst); err != nil {
+			return err
+		}
+	}
+	if c.MaxHeaderBytes, err = cli.IntEnv(prefix+"MAX_HEADER_BYTES", c.MaxHeaderBytes); err != nil {
+		return err
+	}
+	if c.MaxConns, err = cli.IntEnv(prefix+"MAX_CONNS", c.MaxConns); err != nil {
+		return err
+	}
+	return nil
 }
 
 // WithDefaults returns c (nil means all defaults) with every zero field
@@ -177,23 +195,53 @@ func New(h http.Handler, cfg Config, log *slog.Logger) *http.Server {
 // LimitListener returns ln holding at most max connections open at once.
 // A connection beyond the limit is not left waiting in the kernel's
 // backlog (where it would hold a client for as long as the slowest of the
-// others): it is answered at once with 503 problem+json, Retry-After: 1
-// and Connection: close, without reading its request, so that the client
-// (or the load balancer) retries elsewhere or later. At most 64 such
-// answers are in flight; beyond that a connection is closed without one.
-// The slots are freed when the server closes a connection: the read,
-// write and idle timeouts bound how long anyone holds one.
-func LimitListener(ln net.Listener, max int) net.Listener {
-	return &limitListener{Listener: ln, slots: make(chan struct{}, max), refusing: make(chan struct{}, 64)}
+// others): its request's header is read and answered at once with 503
+// problem+json TOO_MANY_CONNECTIONS, Retry-After: 1 and Connection:
+// close, within a second, so that the client (or the load balancer)
+// retries elsewhere or later. At most 64 such answers are in flight;
+// beyond that a connection is closed without one. The slots are freed when
+// the server closes a connection: the read, write and idle timeouts bound
+// how long anyone holds one.
+func LimitListener(ln net.Listener, max int) *Listener {
+	return &Listener{
+		Listener: ln,
+		slots:    make(chan struct{}, max),
+		refusing: make(chan struct{}, maxRefusing),
+		pending:  map[net.Conn]struct{}{},
+	}
 }
 
-type limitListener struct {
+// Listener is LimitListener's net.Listener.
+type Listener struct {
 	net.Listener
-	slots    chan struct{}
-	refusing chan struct{}
+	slots    chan struct{} // one per connection being served
+	refusing chan struct{} // one per refusal being written
+	refused  atomic.Int64
+
+	mu      sync.Mutex
+	closed  bool
+	pending map[net.Conn]struct{} // the refusals being written
+	wg      sync.WaitGroup        // their goroutines
 }
 
-func (l *limitListener) Accept() (net.Conn, error) {
+// maxRefusing bounds the refusals in flight; each takes at most
+// refuseTimeout.
+const (
+	maxRefusing   = 64
+	refuseTimeout = time.Second
+)
+
+// Open is the number of connections being served.
+func (l *Listener) Open() int { return len(l.slots) }
+
+// Refused is the number of connections refused over the limit so far,
+// answered or not.
+func (l *Listener) Refused() int64 { return l.refused.Load() }
+
+// Accept returns the next connection that fits under the limit, refusing
+// the others as they come. The limit is on connections, not requests: a
+// keep-alive connection holds its slot until it closes.
+func (l *Listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
@@ -204,39 +252,93 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			return &limitConn{Conn: c, release: func() { <-l.slots }}, nil
 		default:
 		}
-		select {
-		case l.refusing <- struct{}{}:
-			go func() {
-				defer func() { <-l.refusing }()
-				refuse(c)
-			}()
-		default:
-			_ = c.Close()
-		}
+		l.refused.Add(1)
+		l.refuse(c)
 	}
 }
 
-// refusal is the whole answer to a connection beyond the limit.
-var refusal = func() []byte {
-	body := `{"type":"https://github.com/idemkit/idem/blob/main/docs/problems.md#too-many-connections","title":"Service Unavailable","status":503,"detail":"too many open connections; retry later","code":"TOO_MANY_CONNECTIONS"}`
-	return []byte("HTTP/1.1 503 Service Unavailable\r\n" +
-		"Content-Type: application/problem+json\r\n" +
-		"Cache-Control: no-store\r\n" +
-		"Retry-After: 1\r\n" +
-		"Connection: close\r\n" +
-		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
-}()
+// Close closes the listener, ends the refusals still being written (a
+// client refused during a shutdown sees its connection close) and returns
+// once their goroutines have: http.Server.Shutdown and Serve call it, so a
+// stopped server leaves nothing running.
+func (l *Listener) Close() error {
+	err := l.Listener.Close()
+	l.mu.Lock()
+	l.closed = true
+	for c := range l.pending {
+		_ = c.Close()
+	}
+	l.mu.Unlock()
+	l.wg.Wait()
+	return err
+}
+
+// refuse answers c in the background, or closes it when maxRefusing
+// answers are already in flight or the listener is closed.
+func (l *Listener) refuse(c net.Conn) {
+	select {
+	case l.refusing <- struct{}{}:
+	default:
+		_ = c.Close()
+		return
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		<-l.refusing
+		_ = c.Close()
+		return
+	}
+	l.pending[c] = struct{}{}
+	l.wg.Add(1)
+	l.mu.Unlock()
+	go func() {
+		defer l.wg.Done()
+		answerRefusal(c)
+		_ = c.Close()
+		l.mu.Lock()
+		delete(l.pending, c)
+		l.mu.Unlock()
+		<-l.refusing
+	}()
+}
 
 // CodeTooManyConnections (503) is LimitListener's refusal.
 const CodeTooManyConnections = "TOO_MANY_CONNECTIONS"
 
-// refuse answers c with the refusal and closes it, within a second. The
-// write side is shut first and what the client sent is drained until it
-// closes: closing a socket with unread data makes the kernel reset the
-// connection, which can destroy the answer before the client reads it.
-func refuse(c net.Conn) {
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
+// refusal is the whole answer to a connection beyond the limit.
+var refusal = func() []byte {
+	body := problem.Marshal(http.StatusServiceUnavailable, CodeTooManyConnections, "too many open connections; retry later")
+	return []byte("HTTP/1.1 503 Service Unavailable\r\n" +
+		"Content-Type: " + problem.ContentType + "\r\n" +
+		"Cache-Control: no-store\r\n" +
+		"Retry-After: 1\r\n" +
+		"Connection: close\r\n" +
+		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + string(body))
+}()
+
+// answerRefusal writes the refusal to c, all of it within refuseTimeout.
+// It reads the request's header first (at most 16 KiB): an answer that
+// arrives before its request is one an HTTP client may take for a stray
+// byte on an idle connection and discard, or never read because its own
+// write failed. It then shuts its write side and drains what the client
+// still sends until the client closes: closing a socket with unread data
+// makes the kernel reset the connection, which can destroy the answer
+// before the client reads it. A client whose header does not arrive in
+// time gets no answer.
+func answerRefusal(c net.Conn) {
+	_ = c.SetDeadline(time.Now().Add(refuseTimeout))
+	br := bufio.NewReaderSize(io.LimitReader(c, 16<<10), 4<<10)
+	for continued := false; ; {
+		line, err := br.ReadSlice('\n')
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			return // no whole header: nothing to answer
+		}
+		if !continued && (string(line) == "\r\n" || string(line) == "\n") {
+			break // the empty line that ends the header
+		}
+		continued = errors.Is(err, bufio.ErrBufferFull)
+	}
 	if _, err := c.Write(refusal); err != nil {
 		return
 	}
@@ -246,6 +348,8 @@ func refuse(c net.Conn) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
 }
 
+// limitConn gives its slot back once, when it is closed (by net/http, by a
+// handler that hijacked it, or by a shutdown).
 type limitConn struct {
 	net.Conn
 	once    sync.Once
@@ -256,4 +360,14 @@ func (c *limitConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err
+}
+
+// CloseWrite lets net/http half-close a connection it is done with, as it
+// does a *net.TCPConn's, so that an answer written before the request's
+// body was read is not destroyed by a reset.
+func (c *limitConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -198,5 +199,86 @@ func TestFromEnv(t *testing.T) {
 	t.Setenv("T_WRITE_TIMEOUT", "1s")
 	if _, err := httpserver.FromEnv("T_"); err == nil || !strings.Contains(err.Error(), "WriteTimeout") {
 		t.Fatalf("write timeout below the read timeout: %v", err)
+	}
+}
+
+// TestListenerCountsAndCloseEndsRefusals: Open and Refused count what the
+// listener serves and refuses, and Close returns only once the refusals in
+// flight have ended, so that a stopped server leaves nothing running: a
+// refused client whose header never ends would otherwise hold a goroutine
+// for a second after Close.
+func TestListenerCountsAndCloseEndsRefusals(t *testing.T) {
+	t.Parallel()
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := httpserver.LimitListener(raw, 1)
+	accepted := make(chan net.Conn)
+	acceptErr := make(chan error, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				acceptErr <- err
+				return
+			}
+			accepted <- c
+		}
+	}()
+	held, err := net.Dial("tcp", raw.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	served := <-accepted
+	if ln.Open() != 1 || ln.Refused() != 0 {
+		t.Fatalf("one connection served: Open %d Refused %d", ln.Open(), ln.Refused())
+	}
+	slow, err := net.Dial("tcp", raw.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	fmt.Fprint(slow, "GET / HTTP/1.1\r\nHost: x\r\n") // a header that never ends
+	for deadline := time.Now().Add(20 * time.Second); ln.Refused() != 1; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the second connection was not refused: Refused %d", ln.Refused())
+		}
+		time.Sleep(5 * time.Millisecond) // polling interval
+	}
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-acceptErr; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept after Close: %v", err)
+	}
+	buf := make([]byte, 1<<20)
+	if stacks := string(buf[:runtime.Stack(buf, true)]); strings.Contains(stacks, "httpserver.answerRefusal") {
+		t.Fatalf("a refusal still runs after Close:\n%s", stacks)
+	}
+	served.Close()
+	if ln.Open() != 0 {
+		t.Fatalf("Open %d after the served connection closed", ln.Open())
+	}
+}
+
+// TestReadEnvKeepsProgramDefaults: ReadEnv changes only the fields whose
+// variable is set, so a program keeps defaults of its own. Not parallel:
+// it sets the environment.
+func TestReadEnvKeepsProgramDefaults(t *testing.T) {
+	t.Setenv("P_READ_TIMEOUT", "7s")
+	t.Setenv("P_MAX_CONNS", "9")
+	c := httpserver.Config{ReadTimeout: time.Second, WriteTimeout: time.Minute, MaxConns: 3, MaxHeaderBytes: 8192}
+	if err := c.ReadEnv("P_"); err != nil {
+		t.Fatal(err)
+	}
+	want := httpserver.Config{ReadTimeout: 7 * time.Second, WriteTimeout: time.Minute, MaxConns: 9, MaxHeaderBytes: 8192}
+	if c != want {
+		t.Fatalf("%+v, want %+v", c, want)
+	}
+	t.Setenv("P_IDLE_TIMEOUT", "0")
+	if err := c.ReadEnv("P_"); err == nil || !strings.Contains(err.Error(), "P_IDLE_TIMEOUT") {
+		t.Fatalf("P_IDLE_TIMEOUT=0: %v", err)
 	}
 }

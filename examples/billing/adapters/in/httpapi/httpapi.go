@@ -28,6 +28,7 @@ import (
 	"github.com/idemkit/idem/examples/billing/domain"
 	"github.com/idemkit/idem/examples/billing/usecase"
 	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/problem"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -71,7 +72,7 @@ const (
 // MaxDetailLen bounds the detail of every problem billing writes: a detail
 // may quote input (an unknown member's name), and a stored 4xx must never
 // grow with what a client sends.
-const MaxDetailLen = 200
+const MaxDetailLen = problem.MaxDetail
 
 // ErrBadTokens is a BILLING_API_TOKENS value that does not parse.
 var ErrBadTokens = errors.New("billing: BILLING_API_TOKENS must be token:principal[,token:principal...]")
@@ -274,7 +275,7 @@ func NewHandler(cfg Config) (http.Handler, *idempotency.Middleware, error) {
 		mux.Handle("GET /metrics", cfg.MetricsHandler)
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, http.StatusNotFound, CodeNotFound, "no such route")
+		problem.Write(w, http.StatusNotFound, CodeNotFound, "no such route")
 	})
 	return cfg.Metrics.countRequests(closeOnUnreadBody(mux)), mw, nil
 }
@@ -291,7 +292,7 @@ func AdminHandler(metrics, ready http.Handler) http.Handler {
 	})
 	mux.Handle("GET /readyz", ready)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, http.StatusNotFound, CodeNotFound, "no such route")
+		problem.Write(w, http.StatusNotFound, CodeNotFound, "no such route")
 	})
 	return closeOnUnreadBody(mux)
 }
@@ -372,7 +373,7 @@ func authenticate(tokens []Token) func(http.Handler) http.Handler {
 			}
 			if principal == "" {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="billing"`)
-				writeProblem(w, http.StatusUnauthorized, CodeUnauthorized, "a valid bearer token is required")
+				problem.Write(w, http.StatusUnauthorized, CodeUnauthorized, "a valid bearer token is required")
 				return
 			}
 			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, principal)))
@@ -431,7 +432,7 @@ func decode(body []byte, v any) error {
 		}
 		name, _ := tok.(string)
 		if !names[name] {
-			return errMalformed{fmt.Sprintf("unknown member %q", clip(name, 40))}
+			return errMalformed{fmt.Sprintf("unknown member %q", problem.Clip(name, 40))}
 		}
 		if seen[name] {
 			return errMalformed{fmt.Sprintf("member %q is repeated", name)}
@@ -494,7 +495,7 @@ func (a *api) body(w http.ResponseWriter, r *http.Request, v any) bool {
 	}
 	if err != nil {
 		idempotency.DoNotStore(w)
-		writeProblem(w, http.StatusBadRequest, CodeMalformedJSON, err.Error())
+		problem.Write(w, http.StatusBadRequest, CodeMalformedJSON, err.Error())
 		return false
 	}
 	return true
@@ -551,7 +552,7 @@ func (a *api) run(w http.ResponseWriter, r *http.Request, okStatus int, uc func(
 	repo, ok := a.repo(r)
 	if !ok {
 		a.log.Error("billing: POST handler without the middleware's transaction", "path", r.URL.Path)
-		writeProblem(w, http.StatusInternalServerError, CodeInternal, "internal error")
+		problem.Write(w, http.StatusInternalServerError, CodeInternal, "internal error")
 		return
 	}
 	v, err := uc(r.Context(), repo, owner)
@@ -593,67 +594,35 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, domain.ErrInvalidText):
 		idempotency.DoNotStore(w)
-		writeProblem(w, http.StatusBadRequest, CodeInvalidText, err.Error())
+		problem.Write(w, http.StatusBadRequest, CodeInvalidText, err.Error())
 	case errors.Is(err, domain.ErrValidation):
 		idempotency.DoNotStore(w)
-		writeProblem(w, http.StatusUnprocessableEntity, CodeValidation, err.Error())
+		problem.Write(w, http.StatusUnprocessableEntity, CodeValidation, err.Error())
 	case errors.Is(err, domain.ErrAmountTooLarge):
 		idempotency.DoNotStore(w)
-		writeProblem(w, http.StatusUnprocessableEntity, CodeAmountTooLarge, err.Error())
+		problem.Write(w, http.StatusUnprocessableEntity, CodeAmountTooLarge, err.Error())
 	case errors.Is(err, domain.ErrOrderNotFound):
-		writeProblem(w, http.StatusNotFound, CodeOrderNotFound, "no such order")
+		problem.Write(w, http.StatusNotFound, CodeOrderNotFound, "no such order")
 	case errors.Is(err, domain.ErrPaymentNotFound):
-		writeProblem(w, http.StatusNotFound, CodePaymentNotFound, "no such payment")
+		problem.Write(w, http.StatusNotFound, CodePaymentNotFound, "no such payment")
 	case errors.Is(err, domain.ErrOrderState):
-		writeProblem(w, http.StatusConflict, CodeOrderState, err.Error())
+		problem.Write(w, http.StatusConflict, CodeOrderState, err.Error())
 	case errors.Is(err, domain.ErrCustomerMismatch):
-		writeProblem(w, http.StatusUnprocessableEntity, CodeCustomerMismatch, err.Error())
+		problem.Write(w, http.StatusUnprocessableEntity, CodeCustomerMismatch, err.Error())
 	case errors.Is(err, domain.ErrExceedsOutstanding):
-		writeProblem(w, http.StatusConflict, CodeExceedsOutstanding, err.Error())
+		problem.Write(w, http.StatusConflict, CodeExceedsOutstanding, err.Error())
 	case errors.Is(err, domain.ErrOrderHasPayments):
-		writeProblem(w, http.StatusConflict, CodeOrderHasPayments, err.Error())
+		problem.Write(w, http.StatusConflict, CodeOrderHasPayments, err.Error())
 	case errors.Is(err, outbox.ErrInvalidMessage):
-		a.log.Error("billing: outbox message rejected", "path", clip(r.URL.Path, 100), "error", err)
-		writeProblem(w, http.StatusInternalServerError, CodeInternal, "internal error")
+		a.log.Error("billing: outbox message rejected", "path", problem.Clip(r.URL.Path, 100), "error", err)
+		problem.Write(w, http.StatusInternalServerError, CodeInternal, "internal error")
 	default:
 		// A 5xx releases the idempotency key and rolls the transaction
 		// back: the client's retry with the same key runs again.
-		a.log.Error("billing: request failed", "path", clip(r.URL.Path, 100), "error", err)
-		writeProblem(w, http.StatusInternalServerError, CodeInternal, "internal error")
+		a.log.Error("billing: request failed", "path", problem.Clip(r.URL.Path, 100), "error", err)
+		problem.Write(w, http.StatusInternalServerError, CodeInternal, "internal error")
 	}
-}
-
-// clip shortens s to at most n bytes, on a rune boundary, marking the cut.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n - len("…")
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
 }
 
 // Problem is billing's problem+json body (RFC 9457 with a code member).
-type Problem struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail,omitempty"`
-	Code   string `json:"code"`
-}
-
-func writeProblem(w http.ResponseWriter, status int, code, detail string) {
-	b, _ := json.Marshal(Problem{
-		Type:   "https://github.com/idemkit/idem/blob/main/docs/problems.md#" + strings.ToLower(strings.ReplaceAll(code, "_", "-")),
-		Title:  http.StatusText(status),
-		Status: status,
-		Detail: clip(strings.ToValidUTF8(detail, "\uFFFD"), MaxDetailLen),
-		Code:   code,
-	})
-	w.Header().Set("Content-Type", idempotency.ProblemContentType)
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
-}
+type Problem = problem.Details

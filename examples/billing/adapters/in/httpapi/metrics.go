@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/problem"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -86,14 +87,14 @@ func (m *Metrics) Handler(cfg ScrapeConfig) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if cfg.Token == "" && !cfg.Anonymous {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="billing-metrics"`)
-			writeProblem(w, http.StatusUnauthorized, CodeUnauthorized, "/metrics needs BILLING_METRICS_TOKEN on a listener that is not loopback (or use ADMIN_ADDR)")
+			problem.Write(w, http.StatusUnauthorized, CodeUnauthorized, "/metrics needs BILLING_METRICS_TOKEN on a listener that is not loopback (or use ADMIN_ADDR)")
 			return
 		}
 		if cfg.Token != "" {
 			scheme, secret, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 			if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(secret), []byte(cfg.Token)) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="billing-metrics"`)
-				writeProblem(w, http.StatusUnauthorized, CodeUnauthorized, "a valid metrics token is required")
+				problem.Write(w, http.StatusUnauthorized, CodeUnauthorized, "a valid metrics token is required")
 				return
 			}
 		}
