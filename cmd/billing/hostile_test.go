@@ -28,25 +28,8 @@ import (
 // no 5xx, every slow connection closed by the server, bounded memory growth
 // (VmRSS from /proc) and a small /metrics, and no ERROR in the log.
 
-// rssKB is the process's resident set, from /proc/PID/status.
-func rssKB(t *testing.T, pid int) int {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatal("no VmRSS")
-	return 0
-}
+// rssKB is the process's resident set in KiB.
+func rssKB(t *testing.T, pid int) int64 { return testbin.RSS(t, pid) >> 10 }
 
 // token returns n random characters valid in an HTTP method.
 func token(n int) string {
@@ -265,13 +248,12 @@ func TestHostileInputBilling(t *testing.T) {
 	}
 }
 
-// TestHostileInputPaysim runs what holds today against idem paysim: no 5xx
-// for odd and oversized methods, HEAD on every route and NUL or invalid
-// UTF-8 in a charge, and bounded memory for the odd methods. Not asserted
-// yet, because paysim's fixes are still to come (issue 20, findings 2 and
-// 4): paysim sets only ReadHeaderTimeout, so a body that never arrives, a
-// chunked body that stops and an idle keep-alive are held (slowClients
-// fails there); and its ledger grows with each charge's field sizes.
+// TestHostileInputPaysim runs the hostile-input run against idem paysim,
+// with timeouts of a fraction of a second and an 8 KiB header bound: no
+// 5xx for odd and oversized methods, HEAD on every route, NUL or invalid
+// UTF-8 in a charge, oversized headers, bodies and principals; every slow
+// client closed by the server; bounded memory growth over the whole run;
+// nothing charged; a small /metrics; no ERROR logged.
 func TestHostileInputPaysim(t *testing.T) {
 	t.Parallel()
 	// Without the race detector: a faster build, and this run is about
@@ -280,7 +262,9 @@ func TestHostileInputPaysim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "paysim", "--addr", "127.0.0.1:0")
+	cmd := exec.Command(bin, "paysim", "--addr", "127.0.0.1:0", "-v")
+	cmd.Env = append(os.Environ(), "PAYSIM_READ_HEADER_TIMEOUT=300ms", "PAYSIM_READ_TIMEOUT=500ms",
+		"PAYSIM_WRITE_TIMEOUT=10s", "PAYSIM_IDLE_TIMEOUT=500ms", "PAYSIM_MAX_HEADER_BYTES=8192")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -315,26 +299,55 @@ func TestHostileInputPaysim(t *testing.T) {
 	}
 	h := newHostile(t, addr)
 	routes := []string{"/charges", "/ledger", "/healthz", "/metrics", "/nope"}
-	h.oddMethods(50, 1024, "alice", routes)
+	h.oddMethods(50, 1024, "alice", routes) // warm up buffers before the baseline
 	before := rssKB(t, cmd.Process.Pid)
-	h.oddMethods(1000, 32<<10, "alice", routes)
-	after := rssKB(t, cmd.Process.Pid)
-	t.Logf("paysim VmRSS %d kB before, %d kB after 1,000 requests with 32 KiB methods", before, after)
-	if after-before > 24<<10 {
-		t.Errorf("VmRSS grew by %d kB (from %d kB), want at most 24 MiB", after-before, before)
-	}
+
+	h.oddMethods(1000, 6<<10, "alice", routes) // under the 8 KiB header bound: every one reaches the handler
 	for _, path := range routes {
-		h.noServerError("HEAD", path, "", "")
+		for _, auth := range []string{"", "alice"} {
+			h.noServerError("HEAD", path, auth, "")
+		}
 	}
 	for _, body := range []string{
 		`{"order_id":"o\u0000","customer_id":"c1","amount_kopecks":5}`,
 		"{\"order_id\":\"o\xff\",\"customer_id\":\"c1\",\"amount_kopecks\":5}",
 		`{"order_id":"o1","customer_id":"c\u0000","amount_kopecks":5}`,
+		`{"order_id":"` + strings.Repeat("o", 60<<10) + `","customer_id":"c1","amount_kopecks":5}`,
+		`{"order_id":` + strings.Repeat("[", 30000) + `}`,
+		`{"order_id":"o1","customer_id":"c1","amount_kopecks":5,"` + strings.Repeat("x", 30000) + `":1}`,
 	} {
-		h.noServerError("POST", "/charges", "alice", body)
+		if st := h.noServerError("POST", "/charges", "alice", body); st != http.StatusBadRequest && st != http.StatusUnprocessableEntity {
+			t.Errorf("POST /charges %.60q: %d, want 400 or 422", body, st)
+		}
+	}
+	if st := h.noServerError("POST", "/charges", "alice", `{"order_id":"`+strings.Repeat("o", 70<<10)+`"}`); st != http.StatusRequestEntityTooLarge {
+		t.Errorf("a 70 KiB body: %d, want 413", st)
+	}
+	if st := h.noServerError("POST", "/charges", strings.Repeat("p", 2000), `{"order_id":"o1","customer_id":"c1","amount_kopecks":5}`); st != http.StatusBadRequest {
+		t.Errorf("a 2000-byte principal: %d, want 400", st)
+	}
+	if st, _ := h.raw("a 16 KiB header", "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: "+strings.Repeat("b", 16<<10)+"\r\n\r\n", 20*time.Second); st != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("a 16 KiB header: %d, want 431", st)
 	}
 	h.noServerError("GET", "/charges/%00", "", "")
 	h.noServerError("GET", "/%FF", "", "")
+	h.noServerError("GET", "/ledger?limit=%00&after=%FF", "alice", "")
+	h.slowClients("alice", "/charges", `{"order_id":"o1","customer_id":"c1","amount_kopecks":5}`, 20*time.Second)
+
+	after := rssKB(t, cmd.Process.Pid)
+	t.Logf("paysim VmRSS %d kB before, %d kB after 1,000 requests with 6 KiB methods and the rest", before, after)
+	if after-before > 24<<10 {
+		t.Errorf("VmRSS grew by %d kB (from %d kB), want at most 24 MiB", after-before, before)
+	}
+	resp, err := h.hc.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || len(m) > 64<<10 || !strings.Contains(string(m), "\npaysim_ledger_keys 0\n") || !strings.Contains(string(m), "\npaysim_charges_total 0\n") {
+		t.Errorf("/metrics after the hostile run (nothing may be charged or kept): %d, %d bytes:\n%s", resp.StatusCode, len(m), m)
+	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -346,5 +359,8 @@ func TestHostileInputPaysim(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("paysim did not stop on SIGTERM")
+	}
+	if strings.Contains(stderr.String(), "level=ERROR") {
+		t.Errorf("paysim logged errors:\n%s", stderr.String())
 	}
 }

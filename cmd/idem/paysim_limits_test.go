@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/testbin"
 )
 
 // The tests of this file hold `idem paysim` to its limits as an anonymous
@@ -26,26 +28,6 @@ import (
 // deadline only bounds how long a test waits for a condition.
 
 const ledgerToken = "ledger-token-for-tests-0123456789"
-
-// rssBytes is the resident set of process pid, from /proc/pid/status.
-func rssBytes(t *testing.T, pid int) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				t.Fatalf("VmRSS %q: %v", v, err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatalf("no VmRSS in /proc/%d/status", pid)
-	return 0
-}
 
 type answer struct {
 	status int
@@ -237,7 +219,7 @@ func TestPaysimRefusesOversizeFields(t *testing.T) {
 		t.Fatalf("255-byte order id: %v %v, want 201", a, err)
 	}
 
-	before := rssBytes(t, p.cmd.Process.Pid)
+	before := testbin.RSS(t, p.cmd.Process.Pid)
 	var wg sync.WaitGroup
 	var bad atomic.Int64
 	for w := range 8 {
@@ -254,7 +236,7 @@ func TestPaysimRefusesOversizeFields(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	growth := rssBytes(t, p.cmd.Process.Pid) - before
+	growth := testbin.RSS(t, p.cmd.Process.Pid) - before
 	l := getLedger(t, hc, p.url+"/ledger", map[string]string{"Authorization": "Bearer " + ledgerToken})
 	if len(l.Charges) != 1 || len(l.Declines) != 0 {
 		t.Fatalf("ledger after oversize input: %d charges, %d declines; want only the 255-byte one", len(l.Charges), len(l.Declines))
@@ -290,7 +272,7 @@ func TestPaysimLedgerCapUnderLoad(t *testing.T) {
 	if a, err := charge(-1); err != nil || a.status != 201 {
 		t.Fatalf("first charge: %v %v", a, err)
 	}
-	before := rssBytes(t, p.cmd.Process.Pid)
+	before := testbin.RSS(t, p.cmd.Process.Pid)
 
 	const n = 16000
 	var next, created, full atomic.Int64
@@ -327,7 +309,7 @@ func TestPaysimLedgerCapUnderLoad(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	growth := rssBytes(t, p.cmd.Process.Pid) - before
+	growth := testbin.RSS(t, p.cmd.Process.Pid) - before
 	t.Logf("%d charges in %v (%.0f/s): %d created, %d LEDGER_FULL (first at #%d); RSS %+d MiB with a %d MiB budget",
 		n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), created.Load(), full.Load(), firstFull.Load(), growth>>20, budget>>20)
 	if full.Load() == 0 || created.Load() == 0 {
