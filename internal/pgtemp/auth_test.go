@@ -63,8 +63,17 @@ func TestOnlyThePasswordGetsIn(t *testing.T) {
 		t.Fatalf("the Unix socket with the password: %v", err)
 	}
 	conn.Close(ctx)
-	if _, err := os.Stat(filepath.Join(c.Dir, ".s.PGSQL."+strconv.Itoa(c.Port))); err != nil {
-		t.Errorf("no socket in Cluster.Dir: %v", err)
+	if st, err := os.Stat(filepath.Join(c.Dir, ".s.PGSQL."+strconv.Itoa(c.Port))); err != nil || st.Mode().Perm() != 0o700 {
+		t.Errorf("the socket in Cluster.Dir: %v, want mode 0700 (%v)", st, err)
+	}
+	hba, err := os.ReadFile(filepath.Join(c.Dir, "data", "pg_hba.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(hba), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && !strings.HasPrefix(f[0], "#") && f[len(f)-1] != "scram-sha-256" {
+			t.Errorf("pg_hba.conf line %q does not ask for scram-sha-256", line)
+		}
 	}
 
 	for _, d := range []string{c.Dir, filepath.Join(c.Dir, "data")} {
