@@ -77,10 +77,12 @@
 // fault counters and the middleware's records; TestLedgerBudgetCoversTheHeap
 // holds it to the heap), and a new key beyond that is 507 LEDGER_FULL with
 // nothing charged and nothing recorded, never a charge the ledger does not
-// show. A key it already holds keeps its answer. Serve bounds the rest:
-// header, whole-request, write and idle timeouts, a header size, and
+// show. A key it already holds keeps its answer. Serve bounds the rest,
+// with the same server as billing's (internal/httpserver): header,
+// whole-request, write and idle timeouts, a header size, and
 // Config.MaxConns connections at once (one more is answered 503
-// TOO_MANY_CONNECTIONS and closed).
+// TOO_MANY_CONNECTIONS and closed). Every problem's detail is at most 200
+// bytes. Package paysimtest serves it the same way for a test.
 //
 // # What it does not guarantee
 //

@@ -2,7 +2,6 @@ package paysim_test
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/idemkit/idem/idemclient"
 	"github.com/idemkit/idem/paysim"
+	"github.com/idemkit/idem/paysim/paysimtest"
 )
 
 // TestStrictChargeBody: what encoding/json would let through, POST
@@ -283,30 +283,12 @@ func TestClientEntriesPagesThrough(t *testing.T) {
 	}
 }
 
-// serve runs sim with Serve on a loopback listener, as `idem paysim` does.
+// serve runs sim with Serve on a loopback listener, as `idem paysim`
+// does, and returns its host:port.
 func serve(t *testing.T, cfg *paysim.Config) (*paysim.Server, string) {
 	t.Helper()
-	sim, err := paysim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- sim.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := sim.Shutdown(ctx); err != nil {
-			t.Errorf("Shutdown: %v", err)
-		}
-		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return sim, ln.Addr().String()
+	sim, url := paysimtest.Start(t, cfg)
+	return sim, strings.TrimPrefix(url, "http://")
 }
 
 // TestFullLedgerAnswersBeforeTheBody: a new key on a full ledger is

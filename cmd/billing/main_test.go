@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -18,7 +17,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/internal/testbin"
-	"github.com/idemkit/idem/paysim"
 )
 
 // billingBin is the billing binary, built once by TestMain for every test
@@ -190,28 +188,6 @@ func (p *serveProc) wait() int {
 		p.t.Fatalf("billing did not exit; stderr:\n%s", p.stderr.String())
 	}
 	return -1
-}
-
-// startPaysim serves the payment-provider simulator's handler on a loopback
-// listener (a real TCP server; its ledger stays inspectable in-process).
-func startPaysim(t *testing.T, cfg *paysim.Config) (string, *paysim.Server) {
-	t.Helper()
-	sim, err := paysim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: sim}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	})
-	return "http://" + ln.Addr().String(), sim
 }
 
 // apiClient speaks billing's HTTP API. Keep-alives are off so that every

@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testkafka"
 	"github.com/idemkit/idem/paysim"
+	"github.com/idemkit/idem/paysim/paysimtest"
 )
 
 const aliceToken = "alice-token"
@@ -38,7 +39,7 @@ func newStack(t *testing.T, simCfg *paysim.Config) *stack {
 	t.Helper()
 	db := testdb.New(t, testdb.MaxConns(4))
 	kc := testkafka.New(t)
-	payURL, sim := startPaysim(t, simCfg)
+	sim, payURL := paysimtest.Start(t, simCfg)
 	return &stack{db: db, kc: kc, sim: sim, env: []string{
 		"DATABASE_URL=" + db.URL,
 		"KAFKA_BROKERS=" + strings.Join(kc.Addrs, ","),

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"net/http"
 	"testing"
 	"time"
 
@@ -13,25 +12,10 @@ import (
 	"github.com/idemkit/idem/examples/billing/adapters/out/payment"
 	"github.com/idemkit/idem/examples/billing/usecase"
 	"github.com/idemkit/idem/paysim"
+	"github.com/idemkit/idem/paysim/paysimtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func serve(t *testing.T, cfg *paysim.Config) (string, *paysim.Server) {
-	t.Helper()
-	sim, err := paysim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: sim}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	return "http://" + ln.Addr().String(), sim
-}
 
 func gateway(t *testing.T, url string) *payment.Gateway {
 	t.Helper()
@@ -52,7 +36,7 @@ var cmd = usecase.ChargeRequested{Target: "order", TargetID: "o1", OrderID: "o1"
 // with the same key.
 func TestOutcomes(t *testing.T) {
 	t.Parallel()
-	url, sim := serve(t, nil)
+	sim, url := paysimtest.Start(t, nil)
 	g := gateway(t, url)
 	ctx := context.Background()
 	id1, err := g.Charge(ctx, cmd)
@@ -74,7 +58,7 @@ func TestOutcomes(t *testing.T) {
 		t.Fatalf("no key: %v", err)
 	}
 
-	failing, _ := serve(t, &paysim.Config{FailRate: 1})
+	_, failing := paysimtest.Start(t, &paysim.Config{FailRate: 1})
 	short, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if _, err := gateway(t, failing).Charge(short, cmd); err == nil || errors.Is(err, usecase.ErrChargeDeclined) {
