@@ -59,8 +59,11 @@ const (
 	CodeKeyInProgress    = "IDEMPOTENCY_KEY_IN_PROGRESS"   // 409 with Retry-After: the first request is still running
 	CodeBodyTooLarge     = "REQUEST_BODY_TOO_LARGE"        // 413
 	CodeBodyUnreadable   = "REQUEST_BODY_UNREADABLE"       // 400
+	CodeBodyTooDeep      = "REQUEST_BODY_TOO_DEEP"         // 400: a JSON body nested deeper than the server allows
+	CodeBodyAmbiguous    = "REQUEST_BODY_AMBIGUOUS"        // 400: a JSON object with member names equal ignoring case
 	CodeScopeUnknown     = "IDEMPOTENCY_SCOPE_UNKNOWN"     // 401: no principal to scope the key
 	CodeStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE" // 503
+	CodeTxAborted        = "IDEMPOTENCY_TX_ABORTED"        // 500: the handler answered success after its transaction failed; nothing committed
 )
 
 // ProblemContentType is the media type of RFC 9457 problem details.

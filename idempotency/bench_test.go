@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempotency"
 )
 
@@ -30,7 +31,7 @@ func BenchmarkMiddlewareOverhead(b *testing.B) {
 			r := httptest.NewRequest(http.MethodPost, "/rows", strings.NewReader(body))
 			r.Header.Set("Content-Type", "application/json")
 			r.Header.Set("X-User", "bench")
-			r.Header.Set(idempotency.HeaderName, "k"+strconv.Itoa(i))
+			r.Header.Set(idem.HeaderKey, "k"+strconv.Itoa(i))
 			h.ServeHTTP(httptest.NewRecorder(), r)
 		}
 	})
@@ -39,7 +40,7 @@ func BenchmarkMiddlewareOverhead(b *testing.B) {
 			r := httptest.NewRequest(http.MethodPost, "/rows", strings.NewReader(body))
 			r.Header.Set("Content-Type", "application/json")
 			r.Header.Set("X-User", "bench")
-			r.Header.Set(idempotency.HeaderName, "k1")
+			r.Header.Set(idem.HeaderKey, "k1")
 			h.ServeHTTP(httptest.NewRecorder(), r)
 		}
 	})

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempotency"
 )
 
@@ -34,11 +35,11 @@ func TestReplayCache(t *testing.T) {
 			h := newMW(t, s, idempotency.Config{}).Wrap(created(&runs))
 			w1 := do(h, post("/x", "alice", "k", `{}`))
 			for range 3 {
-				if w := do(h, post("/x", "alice", "k", `{}`)); w.Body.String() != w1.Body.String() || w.Header().Get(idempotency.ReplayedHeader) != "true" {
+				if w := do(h, post("/x", "alice", "k", `{}`)); w.Body.String() != w1.Body.String() || w.Header().Get(idem.HeaderReplayed) != "true" {
 					t.Fatalf("replay %d %q", w.Code, w.Body)
 				}
 			}
-			if w := do(h, post("/x", "alice", "k", `{"other":1}`)); problemCode(t, w) != idempotency.CodeKeyReused {
+			if w := do(h, post("/x", "alice", "k", `{"other":1}`)); problemCode(t, w) != idem.CodeKeyReused {
 				t.Fatalf("mismatch from cache: %d %s", w.Code, w.Body)
 			}
 			if n := s.claims.Load(); n != 2 || runs.Load() != 1 {
@@ -51,7 +52,7 @@ func TestReplayCache(t *testing.T) {
 			do(hs, post("/y", "alice", "k", `{}`))
 			do(hs, post("/y", "alice", "k", `{}`))
 			eventually(t, "expiry", func() bool {
-				return do(hs, post("/y", "alice", "k", `{}`)).Header().Get(idempotency.ReplayedHeader) == ""
+				return do(hs, post("/y", "alice", "k", `{}`)).Header().Get(idem.HeaderReplayed) == ""
 			})
 
 			off := &countingStore{Store: inner}

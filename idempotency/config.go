@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -14,9 +13,10 @@ type Mode int
 
 const (
 	// ModeTwoStep commits the claim first, runs the handler, then stores the
-	// response. A process killed in between leaves a claim that a retry takes
-	// over once its lease (in database time) has run out; a fencing token
-	// stops the late original from overwriting the new owner's result.
+	// response. While the handler runs, a heartbeat renews the claim's lease
+	// in the store. A process killed in between leaves a claim that a retry
+	// takes over once its lease (in database time) has run out; a fencing
+	// token stops the late original from overwriting the new owner's result.
 	ModeTwoStep Mode = iota
 	// ModeTransactional opens one transaction per request: the claim, the
 	// handler's writes (through TxFromContext) and the stored response commit
@@ -35,21 +35,18 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
-// Defaults.
+// Defaults of Config.
 const (
 	LeaseDefault             = 30 * time.Second
 	RetentionDefault         = 24 * time.Hour
 	MaxRequestBodyDefault    = 1 << 20
+	MaxBodyDepthDefault      = 64
 	MaxResponseBodyDefault   = 1 << 20
 	CompletionTimeoutDefault = 5 * time.Second
 	MismatchStatusDefault    = http.StatusConflict
 	PurgeIntervalDefault     = time.Minute
-	PurgeBatchDefault        = 500
+	PurgeBatchSizeDefault    = 500
 	ReplayCacheBytesDefault  = 8 << 20
-	// HeaderName is the request header carrying the key.
-	HeaderName = "Idempotency-Key"
-	// ReplayedHeader is set to "true" on every replayed response.
-	ReplayedHeader = "Idempotent-Replayed"
 )
 
 // MethodsDefault are the methods the middleware guards by default.
@@ -58,13 +55,13 @@ var MethodsDefault = []string{http.MethodPost, http.MethodPatch}
 // ReplayHeadersDefault is the default allow-list of replayed headers.
 var ReplayHeadersDefault = []string{"Content-Type", "Content-Language", "Location"}
 
-// Config configures the middleware. A nil *Config is invalid because Scope
-// is required.
+// Config configures the middleware. Scope is required, so a nil *Config is
+// an error.
 type Config struct {
 	// Scope returns the authenticated principal of r; every key is scoped
 	// by it (and by method and route), so one caller's key never replays
 	// another caller's response. An error answers 401 and the handler does
-	// not run. Required; there is no default.
+	// not run. Required: there is no default.
 	Scope func(r *http.Request) (string, error)
 
 	// Route returns the route of r for scoping. Defaults to r.Pattern (set
@@ -78,19 +75,32 @@ type Config struct {
 	// Mode is ModeTwoStep or ModeTransactional. Defaults to ModeTwoStep.
 	Mode Mode
 
-	// Lease is how long a two-step claim holds its key without a completion
-	// before a retry may take it over. The handler's context ends when the
-	// lease does (in both modes), so that a handler does not run past its
-	// own fence and a transaction is not held open indefinitely. Defaults to
-	// LeaseDefault (30s).
+	// Lease is how long a two-step claim holds its key without a renewal or
+	// a completion, in the store's clock: after a crash, a retry takes the
+	// key over once Lease has passed. While the handler runs, a heartbeat
+	// renews the lease every Lease/3; if it cannot, the handler's context
+	// ends (cause ErrLeaseLost) Lease/5 before the lease could run out. In
+	// ModeTransactional nothing is leased (the open transaction holds the
+	// key) and Lease only serves as HandlerTimeout's default. Must not be
+	// longer than Retention. Defaults to LeaseDefault (30s).
 	Lease time.Duration
+
+	// HandlerTimeout bounds the handler's run: its context ends
+	// HandlerTimeout after the claim was sent. In ModeTwoStep the lease is
+	// renewed until then, so it may be longer than Lease: a long handler
+	// keeps its key, while a crashed process loses it within Lease. A
+	// handler that goes on past its context is no longer renewed, and a
+	// retry may take its key over. In ModeTransactional it bounds how long
+	// the request's transaction stays open. Must not be longer than
+	// Retention. Defaults to Lease.
+	HandlerTimeout time.Duration
 
 	// Retention is how long a record is kept and replayed; after it the key
 	// may be reused. Defaults to RetentionDefault (24h).
 	Retention time.Duration
 
-	// MismatchStatus answers a key reused with a different request: 409 (the
-	// article's choice) or 422 (the IETF draft's). Defaults to 409.
+	// MismatchStatus answers a key reused with a different request: 409 or
+	// 422 (the IETF draft's choice). Defaults to MismatchStatusDefault (409).
 	MismatchStatus int
 
 	// Wait, when positive, makes a request whose key is in progress wait up
@@ -105,6 +115,12 @@ type Config struct {
 	// MaxRequestBody caps the request body read for the fingerprint; larger
 	// bodies answer 413. Defaults to MaxRequestBodyDefault (1 MiB).
 	MaxRequestBody int64
+
+	// MaxBodyDepth caps the nesting of objects and arrays in a JSON body
+	// (the outermost counts 1); a deeper body answers 400
+	// REQUEST_BODY_TOO_DEEP before the handler runs. At most 10000.
+	// Defaults to MaxBodyDepthDefault (64).
+	MaxBodyDepth int
 
 	// MaxResponseBody caps the stored response body. A larger response is
 	// still delivered, and its status and headers are stored, but its body is
@@ -125,7 +141,9 @@ type Config struct {
 	FingerprintHeaders []string
 
 	// FingerprintFields, when set, restricts the fingerprint of a JSON object
-	// body to these top-level members. Defaults to the whole body.
+	// body to these top-level members. A member counts when its name matches
+	// a field ignoring case, as encoding/json matches names to struct
+	// fields. Defaults to none: the whole body.
 	FingerprintFields []string
 
 	// StoreStatus decides from a handler's status whether its response is stored
@@ -146,19 +164,22 @@ type Config struct {
 	// CompletionTimeoutDefault (5s).
 	CompletionTimeout time.Duration
 
-	// Hook, when set, is called for every event (claim, replay, conflict,
-	// mismatch, takeover, release...) for metrics and logs. It must be fast
-	// and safe for concurrent use. Events never carry the key. Defaults to
-	// nil.
-	Hook func(ctx context.Context, e Event)
+	// Hook, when set, is called for every Event, for tracing, metrics and
+	// logs, synchronously; it must be fast and safe for concurrent use. For
+	// EventBegin the context it returns becomes the request's: the
+	// handler's and that of every later event of the request (a tracer's
+	// span); for other kinds it is ignored. Events never carry the key or
+	// the principal. Defaults to nil.
+	Hook func(ctx context.Context, e Event) context.Context
 
 	// PurgeInterval is the pause between purge rounds after Start. Defaults
 	// to PurgeIntervalDefault (1m).
 	PurgeInterval time.Duration
 
-	// PurgeBatch is how many expired records one purge statement deletes,
-	// small so that it holds no long locks. Defaults to PurgeBatchDefault.
-	PurgeBatch int
+	// PurgeBatchSize is how many expired records one purge statement
+	// deletes, small so that it holds no long locks. Defaults to
+	// PurgeBatchSizeDefault (500).
+	PurgeBatchSize int
 }
 
 // DefaultStoreStatus stores 2xx and definitive 4xx responses; 408, 429, 1xx,
@@ -175,53 +196,21 @@ func DefaultStoreStatus(status int) bool {
 	return false
 }
 
-// EventKind names an Event.
-type EventKind string
-
-// Event kinds.
-const (
-	EventClaim      EventKind = "claim"       // the key was claimed; the handler runs
-	EventTakeover   EventKind = "takeover"    // an expired lease was taken over; the handler runs
-	EventReplay     EventKind = "replay"      // a stored response was replayed
-	EventConflict   EventKind = "conflict"    // 409 in progress
-	EventMismatch   EventKind = "mismatch"    // key reused with a different request
-	EventComplete   EventKind = "complete"    // the response was stored
-	EventRelease    EventKind = "release"     // the key was released (5xx, 408, 429, panic, client gone)
-	EventFenced     EventKind = "fenced"      // completion rejected: a newer owner holds the key
-	EventStoreError EventKind = "store_error" // the store failed; 503 or a lost completion
-	EventRejected   EventKind = "rejected"    // bad request: no key, bad key, body too large, no scope
-)
-
-// Event is what Hook receives. It never carries the key or the principal.
-type Event struct {
-	Kind   EventKind
-	Method string
-	Route  string
-	Mode   Mode
-	// Status is the response status sent (or stored) when known.
-	Status int
-	// Fence is the claim's fencing token, when there is one.
-	Fence int64
-	// Err is the failure behind EventStoreError, EventFenced and
-	// EventRejected.
-	Err error
-}
-
+// config is a Config with its defaults filled in and its lists indexed.
 type config struct {
 	Config
-	methods           map[string]bool
-	replayHeaders     map[string]bool
-	fingerprintFields map[string]bool // nil: the whole body
+	methods       map[string]bool
+	replayHeaders map[string]bool
+	fields        map[string]struct{} // folded FingerprintFields; nil: the whole body
 }
 
-func (c *Config) withDefaults() (*config, error) {
+// newConfig fills in the defaults, then validates the result: a check
+// between two fields sees what will be used, defaults included.
+func newConfig(c *Config) (*config, error) {
 	if c == nil {
-		return nil, errors.New("idempotency: Config.Scope is required")
+		return nil, invalidf("Config.Scope is required (the Config is nil)")
 	}
 	out := &config{Config: *c}
-	if err := out.validate(); err != nil {
-		return nil, err
-	}
 	cc := &out.Config
 	if cc.Route == nil {
 		cc.Route = defaultRoute
@@ -231,6 +220,9 @@ func (c *Config) withDefaults() (*config, error) {
 	}
 	if cc.Lease == 0 {
 		cc.Lease = LeaseDefault
+	}
+	if cc.HandlerTimeout == 0 {
+		cc.HandlerTimeout = cc.Lease
 	}
 	if cc.Retention == 0 {
 		cc.Retention = RetentionDefault
@@ -243,6 +235,9 @@ func (c *Config) withDefaults() (*config, error) {
 	}
 	if cc.MaxRequestBody == 0 {
 		cc.MaxRequestBody = MaxRequestBodyDefault
+	}
+	if cc.MaxBodyDepth == 0 {
+		cc.MaxBodyDepth = MaxBodyDepthDefault
 	}
 	if cc.MaxResponseBody == 0 {
 		cc.MaxResponseBody = MaxResponseBodyDefault
@@ -259,19 +254,17 @@ func (c *Config) withDefaults() (*config, error) {
 	if cc.PurgeInterval == 0 {
 		cc.PurgeInterval = PurgeIntervalDefault
 	}
-	if cc.PurgeBatch == 0 {
-		cc.PurgeBatch = PurgeBatchDefault
+	if cc.PurgeBatchSize == 0 {
+		cc.PurgeBatchSize = PurgeBatchSizeDefault
+	}
+	if err := out.validate(); err != nil {
+		return nil, err
 	}
 	out.methods = map[string]bool{}
 	for _, m := range cc.Methods {
 		out.methods[strings.ToUpper(m)] = true
 	}
-	if len(cc.FingerprintFields) > 0 {
-		out.fingerprintFields = map[string]bool{}
-		for _, f := range cc.FingerprintFields {
-			out.fingerprintFields[f] = true
-		}
-	}
+	out.fields = foldedFields(cc.FingerprintFields)
 	out.replayHeaders = map[string]bool{}
 	for _, h := range cc.ReplayHeaders {
 		out.replayHeaders[http.CanonicalHeaderKey(h)] = true
@@ -279,44 +272,57 @@ func (c *Config) withDefaults() (*config, error) {
 	return out, nil
 }
 
+// validate checks the filled config. The error wraps ErrInvalidConfig and
+// names the field.
 func (c *config) validate() error {
 	switch {
 	case c.Scope == nil:
-		return errors.New("idempotency: Config.Scope is required")
+		return invalidf("Config.Scope is required")
 	case c.Mode != ModeTwoStep && c.Mode != ModeTransactional:
-		return fmt.Errorf("idempotency: Config.Mode %d is unknown", int(c.Mode))
+		return invalidf("Config.Mode %d is unknown", int(c.Mode))
 	case c.Lease < 0:
-		return errors.New("idempotency: Config.Lease must not be negative")
+		return invalidf("Config.Lease %s is negative", c.Lease)
+	case c.HandlerTimeout < 0:
+		return invalidf("Config.HandlerTimeout %s is negative", c.HandlerTimeout)
 	case c.Retention < 0:
-		return errors.New("idempotency: Config.Retention must not be negative")
-	case c.Lease > 0 && c.Retention > 0 && c.Retention < c.Lease:
-		return errors.New("idempotency: Config.Retention must not be shorter than Config.Lease")
-	case c.MismatchStatus != 0 && c.MismatchStatus != http.StatusConflict && c.MismatchStatus != http.StatusUnprocessableEntity:
-		return fmt.Errorf("idempotency: Config.MismatchStatus %d: want 409 or 422", c.MismatchStatus)
+		return invalidf("Config.Retention %s is negative", c.Retention)
+	case c.Lease > c.Retention:
+		return invalidf("Config.Lease %s is longer than Config.Retention %s: the record would expire, and a different request take its key, while the claim is live", c.Lease, c.Retention)
+	case c.HandlerTimeout > c.Retention:
+		return invalidf("Config.HandlerTimeout %s is longer than Config.Retention %s", c.HandlerTimeout, c.Retention)
+	case c.MismatchStatus != http.StatusConflict && c.MismatchStatus != http.StatusUnprocessableEntity:
+		return invalidf("Config.MismatchStatus %d: want 409 or 422", c.MismatchStatus)
 	case c.Wait < 0:
-		return errors.New("idempotency: Config.Wait must not be negative")
+		return invalidf("Config.Wait %s is negative", c.Wait)
 	case c.MaxRequestBody < 0:
-		return errors.New("idempotency: Config.MaxRequestBody must not be negative")
+		return invalidf("Config.MaxRequestBody %d is negative", c.MaxRequestBody)
+	case c.MaxBodyDepth < 0 || c.MaxBodyDepth > maxBodyDepthLimit:
+		return invalidf("Config.MaxBodyDepth %d: want 1 to %d", c.MaxBodyDepth, maxBodyDepthLimit)
 	case c.MaxResponseBody < 0:
-		return errors.New("idempotency: Config.MaxResponseBody must not be negative")
+		return invalidf("Config.MaxResponseBody %d is negative", c.MaxResponseBody)
 	case c.CompletionTimeout < 0:
-		return errors.New("idempotency: Config.CompletionTimeout must not be negative")
+		return invalidf("Config.CompletionTimeout %s is negative", c.CompletionTimeout)
 	case c.PurgeInterval < 0:
-		return errors.New("idempotency: Config.PurgeInterval must not be negative")
-	case c.PurgeBatch < 0:
-		return errors.New("idempotency: Config.PurgeBatch must not be negative")
+		return invalidf("Config.PurgeInterval %s is negative", c.PurgeInterval)
+	case c.PurgeBatchSize < 0:
+		return invalidf("Config.PurgeBatchSize %d is negative", c.PurgeBatchSize)
 	}
 	for _, h := range c.ReplayHeaders {
 		if strings.EqualFold(h, "Set-Cookie") {
-			return errors.New("idempotency: Config.ReplayHeaders must not list Set-Cookie")
+			return invalidf("Config.ReplayHeaders must not list Set-Cookie")
 		}
 	}
 	for _, m := range c.Methods {
 		if m == "" {
-			return errors.New("idempotency: Config.Methods has an empty method")
+			return invalidf("Config.Methods has an empty method")
 		}
 	}
 	return nil
+}
+
+// invalidf is a config error naming what is wrong.
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 }
 
 func defaultRoute(r *http.Request) string {

@@ -1,6 +1,7 @@
 // Package idempotency makes a retried unsafe HTTP request (POST, PATCH)
 // harmless: a net/http middleware that honours the Idempotency-Key header
-// over a PostgreSQL (or in-memory) store.
+// over a PostgreSQL (or in-memory) store. The wire contract (header names,
+// the key rule, problem codes) is package idem's.
 //
 // # Guarantee
 //
@@ -23,14 +24,46 @@
 //     committed, see below);
 //   - 5xx, 408, 429, a panic and a client that hung up release the key, so
 //     that the retry runs the handler again;
-//   - a store failure answers 503 and the handler does not run unprotected.
+//   - a store failure answers 503 and the handler does not run unprotected;
+//   - a client never gets two different successes for one key: a run whose
+//     completion is fenced out (its lease ran out and a retry took over)
+//     answers 409 IDEMPOTENCY_KEY_IN_PROGRESS instead of its own response,
+//     and the client's retry gets the stored one.
 //
 // In ModeTransactional the claim, the handler's writes (through
 // TxFromContext) and the stored response commit in one transaction: a crash
-// leaves nothing, and the retry is safe at once. In ModeTwoStep (the default;
-// any Store) the claim commits first: a process that dies mid-handler leaves
-// a claim that a retry takes over after the lease (database time), and the
-// fencing token rejects the late original's completion.
+// leaves nothing, and the retry is safe at once. The handler's writes run
+// under a savepoint, so that a handler whose statement failed (a unique
+// violation it answers with 409) still gets its 4xx stored and replayed;
+// a success answered after a failed statement commits nothing and answers
+// 500 IDEMPOTENCY_TX_ABORTED.
+//
+// In ModeTwoStep (the default; any Store) the claim commits first. While
+// the handler runs, a heartbeat renews the claim's lease in the store
+// (Config.Lease, renewed every Lease/3, in database time, fenced by the
+// claim's token), so a long handler keeps its key up to
+// Config.HandlerTimeout. The handler's context ends before the lease can
+// run out: its deadline counts from when the claim was sent, and when no
+// renewal gets through (the store is unreachable) the heartbeat ends it,
+// cause ErrLeaseLost, Lease/5 before the last lease it knows of would. A
+// process that dies mid-handler leaves a claim that a retry takes over
+// once the lease has run out, and the fencing token rejects the late
+// original's completion.
+//
+// # The fingerprint
+//
+// A JSON body (application/json or +json) is fingerprinted in a canonical
+// form: members sorted, whitespace and string escapes normalised, numbers
+// as written; any other body by its bytes. The canonical form costs time
+// and memory linear in the body. Two kinds of JSON body are refused with
+// 400 before the handler runs: one nested deeper than Config.MaxBodyDepth
+// (REQUEST_BODY_TOO_DEEP), and one with an object whose member names are
+// equal ignoring case (REQUEST_BODY_AMBIGUOUS): encoding/json matches names
+// to struct fields that way and keeps the last match, so
+// {"amount":100,"Amount":5} and {"Amount":5,"amount":100} are different
+// requests that no canonical form could tell apart. FingerprintFields
+// match names the same way. A body that is not valid JSON in UTF-8 is
+// fingerprinted by its bytes.
 //
 // # Concurrency in transactional mode
 //
@@ -46,15 +79,31 @@
 // is reported. In two-step mode the claim is committed first, so a mismatch
 // always wins over in-progress.
 //
+// # Crash windows
+//
+// Two named failpoints (internal/failpoint) mark where a crash matters,
+// and the package's tests kill a real server process in each:
+//
+//   - failpoint.HTTPHandlerDone, after the handler returned and before its
+//     response is stored. ModeTransactional: the transaction dies with the
+//     connection; the retry runs the handler once, on a clean slate.
+//     ModeTwoStep: the claim stays until its lease runs out; then one retry
+//     takes the key over and runs the handler again, so effects outside the
+//     store run twice unless they are idempotent themselves.
+//   - failpoint.HTTPResponseStored, after the response is stored and before
+//     it is sent, in both modes: the retry gets the stored response
+//     replayed, and the handler does not run again.
+//
 // # What it does not guarantee
 //
 // In ModeTwoStep, side effects the handler makes outside the store (a
 // payment provider call, another database) are not rolled back: a takeover
 // after a crash runs the handler again, so such effects must be idempotent
-// themselves (pass a key downstream, see idemclient). A handler that outlives
-// its lease has its context cancelled; if it ignores that, its effects may
-// overlap a takeover's. Keys are hashed with SHA-256; a purged key (after
-// retention) is a new key. The response is buffered in memory; bodies over
-// Config.MaxResponseBody are delivered but replayed empty. MemoryStore is for
-// one process only.
+// themselves (pass a key downstream, see idemclient). A handler that
+// ignores its context may outlive its lease (its heartbeat stops with the
+// context); its effects may then overlap a takeover's, although its client
+// is told in-progress rather than given a second answer. Keys are hashed
+// with SHA-256; a purged key (after retention) is a new key. The response
+// is buffered in memory; bodies over Config.MaxResponseBody are delivered
+// but replayed empty. MemoryStore is for one process only.
 package idempotency

@@ -2,6 +2,8 @@ package idempotency_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -10,9 +12,12 @@ import (
 	"net/http/httptest"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/migrate"
 )
 
 // The middleware over the in-memory store (two-step mode): the second POST
@@ -51,14 +56,17 @@ func Example() {
 
 // Transactional mode over PostgreSQL: the handler writes through the
 // request's transaction, which commits with the claim and the stored
-// response, or not at all.
+// response, or not at all. A definitive 4xx is stored too, with whatever
+// the handler wrote before it.
 func ExampleTxFromContext() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/postgres")
-	if err != nil {
+	pool, done := exampleDB(ctx) // a *pgxpool.Pool on a migrated schema
+	defer done()
+	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, status text NOT NULL);
+		INSERT INTO orders VALUES ('o-1', 'NEW')`); err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Close()
+
 	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), &idempotency.Config{
 		Mode:  idempotency.ModeTransactional,
 		Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Principal"), nil },
@@ -66,28 +74,48 @@ func ExampleTxFromContext() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := mw.Start(ctx); err != nil { // the retention purge loop
+	if err := mw.Start(ctx); err != nil { // the retention purge
 		log.Fatal(err)
 	}
 	defer mw.Stop(ctx)
 
-	http.Handle("POST /orders/{id}/confirm", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders/{id}/confirm", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, _ := idempotency.TxFromContext(r.Context())
-		tag, err := tx.Exec(r.Context(), `UPDATE orders SET status = 'CONFIRMED' WHERE id = $1`, r.PathValue("id"))
-		if err != nil {
+		tag, err := tx.Exec(r.Context(), `UPDATE orders SET status = 'CONFIRMED' WHERE id = $1 AND status = 'NEW'`, r.PathValue("id"))
+		switch {
+		case err != nil:
 			http.Error(w, "database error", http.StatusInternalServerError) // 5xx: rolled back, key released
-			return
+		case tag.RowsAffected() == 0:
+			http.Error(w, "no such new order", http.StatusNotFound) // definitive 4xx: stored and replayed
+		default:
+			fmt.Fprintln(w, "confirmed")
 		}
-		if tag.RowsAffected() == 0 {
-			http.Error(w, "no such order", http.StatusNotFound) // definitive 4xx: stored and replayed
-			return
-		}
-		w.WriteHeader(http.StatusOK)
 	})))
+
+	for _, id := range []string{"o-1", "o-1", "o-2"} {
+		r := httptest.NewRequest(http.MethodPost, "/orders/"+id+"/confirm", nil)
+		r.Header.Set("X-Principal", "alice")
+		r.Header.Set("Idempotency-Key", "confirm-"+id)
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		fmt.Printf("%s: %d %s replayed=%q\n", id, w.Code, strings.TrimSpace(w.Body.String()), w.Header().Get("Idempotent-Replayed"))
+	}
+	var status string
+	_ = pool.QueryRow(ctx, `SELECT status FROM orders WHERE id = 'o-1'`).Scan(&status)
+	fmt.Println("o-1 is", status)
+	// Output:
+	// o-1: 200 confirmed replayed=""
+	// o-1: 200 confirmed replayed="true"
+	// o-2: 404 no such new order replayed=""
+	// o-1 is CONFIRMED
 }
 
-// Hooks feed metrics and logs without the package importing either.
+// A hook sees every request from its EventBegin to the one event that ends
+// it; the context it returns for EventBegin is the handler's, which is
+// where a tracer puts its span.
 func ExampleConfig_hook() {
+	type spanKey struct{}
 	cfg := &idempotency.Config{
 		Scope: func(r *http.Request) (string, error) {
 			if u := r.Header.Get("X-Principal"); u != "" {
@@ -95,14 +123,68 @@ func ExampleConfig_hook() {
 			}
 			return "", errors.New("anonymous")
 		},
-		Hook: func(ctx context.Context, e idempotency.Event) {
-			// e.g. a Prometheus counter vec by e.Kind and e.Route
-			if e.Kind == idempotency.EventStoreError {
-				log.Printf("idempotency %s %s: %v", e.Method, e.Route, e.Err)
+		Hook: func(ctx context.Context, e idempotency.Event) context.Context {
+			fmt.Printf("%s %s %s status=%d\n", e.Kind, e.Method, e.Route, e.Status)
+			if e.Kind == idempotency.EventBegin {
+				return context.WithValue(ctx, spanKey{}, "span-1") // e.g. tracer.Start(ctx, ...)
 			}
+			return ctx
 		},
 	}
-	_, err := idempotency.New(idempotency.NewMemoryStore(), cfg)
-	fmt.Println(err)
-	// Output: <nil>
+	mw, err := idempotency.New(idempotency.NewMemoryStore(), cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Println("handler in", r.Context().Value(spanKey{}))
+		w.WriteHeader(http.StatusCreated)
+	}))
+	for range 2 {
+		r := httptest.NewRequest(http.MethodPost, "/charges", strings.NewReader(`{}`))
+		r.Header.Set("X-Principal", "alice")
+		r.Header.Set("Idempotency-Key", "k-1")
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	// Output:
+	// begin POST /charges status=0
+	// claim POST /charges status=0
+	// handler in span-1
+	// complete POST /charges status=201
+	// begin POST /charges status=0
+	// replay POST /charges status=201
+}
+
+// exampleDB gives an example a schema of its own on the test database
+// (TEST_DATABASE_URL, as for the tests), migrated, and a func that drops it:
+// what internal/testdb does for tests, which examples cannot use.
+func exampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := "x_" + hex.EncodeToString(b[:])
+	admin, err := pgx.Connect(ctx, testdb.URL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		log.Fatal(err)
+	}
+	url, err := testdb.WithSchema(testdb.URL(), schema)
+	if err != nil {
+		log.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := migrate.Up(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	return pool, func() {
+		pool.Close()
+		if c, err := pgx.Connect(context.Background(), testdb.URL()); err == nil {
+			_, _ = c.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+			_ = c.Close(context.Background())
+		}
+	}
 }

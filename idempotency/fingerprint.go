@@ -9,20 +9,6 @@ import (
 	"strings"
 )
 
-// ErrNotJSON is returned by CanonicalJSON for input that is not exactly one
-// JSON value.
-var ErrNotJSON = errors.New("idempotency: body is not one JSON value")
-
-// CanonicalJSON re-encodes one JSON value with object members sorted by
-// name (for a repeated name the last wins, as in encoding/json), no
-// insignificant whitespace and no HTML escaping, so that two bodies that
-// differ only in member order, spacing or string escapes canonicalise to the
-// same bytes. Numbers keep their literal text (1.0 and 1 differ). Invalid
-// JSON or trailing data is ErrNotJSON; it never panics.
-func CanonicalJSON(b []byte) ([]byte, error) {
-	return canonicalize(nil, b, nil)
-}
-
 func isJSON(contentType string) bool {
 	mt, _, err := mime.ParseMediaType(contentType)
 	if err != nil {
@@ -32,9 +18,11 @@ func isJSON(contentType string) bool {
 }
 
 // fingerprint hashes method, path (with query), the configured headers and
-// the body: canonical JSON for a JSON content type that parses, else the
-// raw bytes. Every part is length-prefixed.
-func (c *config) fingerprint(r *http.Request, body []byte) Fingerprint {
+// the body: the canonical form (see canon) for a JSON content type that
+// parses, else the raw bytes. Every part is length-prefixed. A JSON body
+// nested too deep or with ambiguous member names is an error
+// (ErrBodyTooDeep, ErrBodyAmbiguous): it is refused, not fingerprinted.
+func (c *config) fingerprint(r *http.Request, body []byte) (Fingerprint, error) {
 	h := sha256.New()
 	var n [8]byte
 	part := func(b []byte) {
@@ -48,18 +36,21 @@ func (c *config) fingerprint(r *http.Request, body []byte) Fingerprint {
 	for _, name := range c.FingerprintHeaders {
 		part([]byte(strings.Join(r.Header.Values(name), "\x00")))
 	}
+	var fp Fingerprint
 	if isJSON(r.Header.Get("Content-Type")) {
-		if canon, err := canonicalize(make([]byte, 0, len(body)), body, c.fingerprintFields); err == nil {
+		canon, err := canonicalize(body, c.fields, c.MaxBodyDepth)
+		switch {
+		case err == nil:
 			part([]byte("json"))
 			part(canon)
-			var fp Fingerprint
 			h.Sum(fp[:0])
-			return fp
+			return fp, nil
+		case !errors.Is(err, errNotJSON):
+			return fp, err
 		}
 	}
 	part([]byte("raw"))
 	part(body)
-	var fp Fingerprint
 	h.Sum(fp[:0])
-	return fp
+	return fp, nil
 }

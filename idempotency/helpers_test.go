@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/internal/testdb"
 )
@@ -65,10 +66,23 @@ type events struct {
 	ev []idempotency.Event
 }
 
-func (e *events) hook(_ context.Context, ev idempotency.Event) {
+func (e *events) hook(ctx context.Context, ev idempotency.Event) context.Context {
 	e.mu.Lock()
 	e.ev = append(e.ev, ev)
 	e.mu.Unlock()
+	return ctx
+}
+
+// fence is the fence of the last event of kind k.
+func (e *events) fence(k idempotency.EventKind) int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i := len(e.ev) - 1; i >= 0; i-- {
+		if e.ev[i].Kind == k {
+			return e.ev[i].Fence
+		}
+	}
+	return 0
 }
 
 func (e *events) count(k idempotency.EventKind) int {
@@ -102,7 +116,7 @@ func post(path, user, key, body string) *http.Request {
 		r.Header.Set("X-User", user)
 	}
 	if key != "" {
-		r.Header.Set(idempotency.HeaderName, key)
+		r.Header.Set(idem.HeaderKey, key)
 	}
 	return r
 }
@@ -115,7 +129,7 @@ func do(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
 
 func problemCode(t *testing.T, w *httptest.ResponseRecorder) string {
 	t.Helper()
-	if ct := w.Header().Get("Content-Type"); ct != idempotency.ProblemContentType {
+	if ct := w.Header().Get("Content-Type"); ct != idem.ProblemContentType {
 		t.Fatalf("Content-Type = %q, want problem+json (status %d, body %s)", ct, w.Code, w.Body)
 	}
 	var p idempotency.Problem

@@ -5,9 +5,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem"
 )
 
+// TestParseKey holds idem's key rule, which the middleware applies, to the
+// cases the middleware must accept and refuse.
 func TestParseKey(t *testing.T) {
 	t.Parallel()
 	testCases := []struct {
@@ -21,24 +23,24 @@ func TestParseKey(t *testing.T) {
 		{strings.Repeat("k", 255), strings.Repeat("k", 255), nil},
 		{`"` + strings.Repeat("k", 255) + `"`, strings.Repeat("k", 255), nil},
 		{"!~", "!~", nil},
-		{"", "", idempotency.ErrKeyRequired},
-		{"   ", "", idempotency.ErrKeyRequired},
-		{strings.Repeat("k", 256), "", idempotency.ErrKeyInvalid},
-		{`"` + strings.Repeat("k", 256) + `"`, "", idempotency.ErrKeyInvalid},
-		{"a b", "", idempotency.ErrKeyInvalid},
-		{"ключ", "", idempotency.ErrKeyInvalid},
-		{"a\x00b", "", idempotency.ErrKeyInvalid},
-		{"a\x7f", "", idempotency.ErrKeyInvalid},
-		{`""`, "", idempotency.ErrKeyInvalid},
-		{`"abc`, "", idempotency.ErrKeyInvalid},
-		{`"ab"c"`, "", idempotency.ErrKeyInvalid},
-		{`"a b"`, "", idempotency.ErrKeyInvalid},
-		{`"a\n"`, "", idempotency.ErrKeyInvalid},
-		{`"a\`, "", idempotency.ErrKeyInvalid},
-		{`"abc";p=1`, "", idempotency.ErrKeyInvalid},
+		{"", "", idem.ErrKeyRequired},
+		{"   ", "", idem.ErrKeyRequired},
+		{strings.Repeat("k", 256), "", idem.ErrKeyInvalid},
+		{`"` + strings.Repeat("k", 256) + `"`, "", idem.ErrKeyInvalid},
+		{"a b", "", idem.ErrKeyInvalid},
+		{"ключ", "", idem.ErrKeyInvalid},
+		{"a\x00b", "", idem.ErrKeyInvalid},
+		{"a\x7f", "", idem.ErrKeyInvalid},
+		{`""`, "", idem.ErrKeyInvalid},
+		{`"abc`, "", idem.ErrKeyInvalid},
+		{`"ab"c"`, "", idem.ErrKeyInvalid},
+		{`"a b"`, "", idem.ErrKeyInvalid},
+		{`"a\n"`, "", idem.ErrKeyInvalid},
+		{`"a\`, "", idem.ErrKeyInvalid},
+		{`"abc";p=1`, "", idem.ErrKeyInvalid},
 	}
 	for _, tt := range testCases {
-		got, err := idempotency.ParseKey(tt.in)
+		got, err := idem.ParseKey(tt.in)
 		if got != tt.want || !errors.Is(err, tt.err) || (tt.err == nil) != (err == nil) {
 			t.Errorf("ParseKey(%q) = %q, %v; want %q, %v", tt.in, got, err, tt.want, tt.err)
 		}
@@ -53,9 +55,9 @@ func FuzzParseKey(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
-		k, err := idempotency.ParseKey(in)
+		k, err := idem.ParseKey(in)
 		if err != nil {
-			if !errors.Is(err, idempotency.ErrKeyInvalid) && !errors.Is(err, idempotency.ErrKeyRequired) {
+			if !errors.Is(err, idem.ErrKeyInvalid) && !errors.Is(err, idem.ErrKeyRequired) {
 				t.Fatalf("unnamed error %v", err)
 			}
 			return
@@ -69,11 +71,11 @@ func FuzzParseKey(f *testing.F) {
 			}
 		}
 		q := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(k) + `"`
-		if k2, err := idempotency.ParseKey(q); err != nil || k2 != k {
+		if k2, err := idem.ParseKey(q); err != nil || k2 != k {
 			t.Fatalf("quoted round trip of %q = %q, %v", k, k2, err)
 		}
 		if k[0] != '"' {
-			if k2, err := idempotency.ParseKey(k); err != nil || k2 != k {
+			if k2, err := idem.ParseKey(k); err != nil || k2 != k {
 				t.Fatalf("bare round trip of %q = %q, %v", k, k2, err)
 			}
 		}

@@ -66,6 +66,25 @@ func (s *MemoryStore) Claim(ctx context.Context, c Claim) (ClaimResult, error) {
 	return ClaimResult{Outcome: outcome, Fence: s.fence}, nil
 }
 
+// Renew implements Store.
+func (s *MemoryStore) Renew(ctx context.Context, key KeyHash, fence int64, lease time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	rec := s.recs[key]
+	if rec == nil || rec.fence != fence || rec.state != "claimed" || !now.Before(rec.lockedUntil) {
+		return ErrFenced
+	}
+	rec.lockedUntil = now.Add(lease)
+	if rec.expiresAt.Before(rec.lockedUntil) {
+		rec.expiresAt = rec.lockedUntil
+	}
+	return nil
+}
+
 // Complete implements Store.
 func (s *MemoryStore) Complete(ctx context.Context, key KeyHash, fence int64, resp *Response, retention time.Duration) error {
 	if err := ctx.Err(); err != nil {
@@ -119,13 +138,6 @@ func (s *MemoryStore) Purge(ctx context.Context, limit int) (int, error) {
 		}
 	}
 	return n, nil
-}
-
-// Len returns how many records the store holds, expired ones included.
-func (s *MemoryStore) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.recs)
 }
 
 func cloneResponse(r *Response) *Response {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempotency"
 )
 
@@ -54,8 +55,8 @@ func TestMiddleware(t *testing.T) {
 			if w1.Code != 201 || w2.Code != 201 || !bytes.Equal(w1.Body.Bytes(), w2.Body.Bytes()) {
 				t.Fatalf("first %d %q, replay %d %q", w1.Code, w1.Body, w2.Code, w2.Body)
 			}
-			if w1.Header().Get(idempotency.ReplayedHeader) != "" || w2.Header().Get(idempotency.ReplayedHeader) != "true" {
-				t.Fatalf("Idempotent-Replayed: first %q, replay %q", w1.Header().Get(idempotency.ReplayedHeader), w2.Header().Get(idempotency.ReplayedHeader))
+			if w1.Header().Get(idem.HeaderReplayed) != "" || w2.Header().Get(idem.HeaderReplayed) != "true" {
+				t.Fatalf("Idempotent-Replayed: first %q, replay %q", w1.Header().Get(idem.HeaderReplayed), w2.Header().Get(idem.HeaderReplayed))
 			}
 			for _, h := range []string{"Content-Type", "Location"} {
 				if w1.Header().Get(h) != w2.Header().Get(h) {
@@ -82,7 +83,7 @@ func TestMiddleware(t *testing.T) {
 					<-start
 					w := do(h, post("/orders", "alice", "same", `{}`))
 					if w.Code == http.StatusConflict {
-						if problemCode(t, w) != idempotency.CodeKeyInProgress || w.Header().Get("Retry-After") == "" {
+						if problemCode(t, w) != idem.CodeKeyInProgress || w.Header().Get("Retry-After") == "" {
 							t.Errorf("409 without in-progress code or Retry-After: %v %s", w.Header(), w.Body)
 						}
 					}
@@ -107,7 +108,7 @@ func TestMiddleware(t *testing.T) {
 			wa := do(h, post("/orders", "alice", "k", `{}`))
 			wb := do(h, post("/orders", "bob", "k", `{"other":true}`))
 			wa2 := do(h, post("/orders", "alice", "k", `{}`))
-			if runs.Load() != 2 || wa.Code != 201 || wb.Code != 201 || wb.Header().Get(idempotency.ReplayedHeader) != "" {
+			if runs.Load() != 2 || wa.Code != 201 || wb.Code != 201 || wb.Header().Get(idem.HeaderReplayed) != "" {
 				t.Fatalf("runs %d; alice %d, bob %d %v", runs.Load(), wa.Code, wb.Code, wb.Header())
 			}
 			if wa2.Body.String() != wa.Body.String() || wa2.Body.String() == wb.Body.String() {
@@ -119,11 +120,11 @@ func TestMiddleware(t *testing.T) {
 			h := newMW(t, s, idempotency.Config{Mode: mc.mode}).Wrap(created(&runs))
 			do(h, post("/orders", "alice", "k", `{"total":1}`))
 			w := do(h, post("/orders", "alice", "k", `{"total":2}`))
-			if w.Code != http.StatusConflict || problemCode(t, w) != idempotency.CodeKeyReused || runs.Load() != 1 {
+			if w.Code != http.StatusConflict || problemCode(t, w) != idem.CodeKeyReused || runs.Load() != 1 {
 				t.Fatalf("status %d body %s runs %d", w.Code, w.Body, runs.Load())
 			}
 			h422 := newMW(t, s, idempotency.Config{Mode: mc.mode, MismatchStatus: 422}).Wrap(created(&runs))
-			if w := do(h422, post("/orders", "alice", "k", `{"total":3}`)); w.Code != 422 || problemCode(t, w) != idempotency.CodeKeyReused {
+			if w := do(h422, post("/orders", "alice", "k", `{"total":3}`)); w.Code != 422 || problemCode(t, w) != idem.CodeKeyReused {
 				t.Fatalf("422 config: %d %s", w.Code, w.Body)
 			}
 		}},
@@ -143,10 +144,10 @@ func TestMiddleware(t *testing.T) {
 			if c := <-done; c != 201 {
 				t.Fatalf("first = %d", c)
 			}
-			if problemCode(t, same) != idempotency.CodeKeyInProgress {
+			if problemCode(t, same) != idem.CodeKeyInProgress {
 				t.Fatalf("same body during first: %d %s", same.Code, same.Body)
 			}
-			if problemCode(t, other) != idempotency.CodeKeyReused {
+			if problemCode(t, other) != idem.CodeKeyReused {
 				t.Fatalf("other body during first: %d %s", other.Code, other.Body)
 			}
 		}},
@@ -213,7 +214,7 @@ func TestMiddleware(t *testing.T) {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/x", strings.NewReader(`{}`))
 			req.Header.Set("X-User", "alice")
 			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set(idempotency.HeaderName, "k")
+			req.Header.Set(idem.HeaderKey, "k")
 			errc := make(chan error, 1)
 			go func() {
 				resp, err := srv.Client().Do(req)
@@ -238,7 +239,7 @@ func TestMiddleware(t *testing.T) {
 			var runs atomic.Int64
 			h := newMW(t, s, idempotency.Config{Mode: mc.mode, MaxRequestBody: 16}).Wrap(created(&runs))
 			w := do(h, post("/x", "alice", "k", strings.Repeat("x", 17)))
-			if w.Code != 413 || problemCode(t, w) != idempotency.CodeBodyTooLarge || runs.Load() != 0 {
+			if w.Code != 413 || problemCode(t, w) != idem.CodeBodyTooLarge || runs.Load() != 0 {
 				t.Fatalf("%d %s runs %d", w.Code, w.Body, runs.Load())
 			}
 			r := post("/x", "alice", "k2", "")
@@ -263,16 +264,16 @@ func TestMiddleware(t *testing.T) {
 		{name: "missing, invalid key and unknown principal: problems, handler not run", run: func(t *testing.T, mc modeCase, s idempotency.Store, _ *pgxpool.Pool) {
 			var runs atomic.Int64
 			h := newMW(t, s, idempotency.Config{Mode: mc.mode}).Wrap(created(&runs))
-			if w := do(h, post("/x", "alice", "", `{}`)); w.Code != 400 || problemCode(t, w) != idempotency.CodeKeyRequired {
+			if w := do(h, post("/x", "alice", "", `{}`)); w.Code != 400 || problemCode(t, w) != idem.CodeKeyRequired {
 				t.Fatalf("no key: %d %s", w.Code, w.Body)
 			}
-			if w := do(h, post("/x", "alice", "bad key", `{}`)); w.Code != 400 || problemCode(t, w) != idempotency.CodeKeyInvalid {
+			if w := do(h, post("/x", "alice", "bad key", `{}`)); w.Code != 400 || problemCode(t, w) != idem.CodeKeyInvalid {
 				t.Fatalf("bad key: %d %s", w.Code, w.Body)
 			}
-			if w := do(h, post("/x", "alice", `"`+strings.Repeat("k", 256)+`"`, `{}`)); w.Code != 400 || problemCode(t, w) != idempotency.CodeKeyInvalid {
+			if w := do(h, post("/x", "alice", `"`+strings.Repeat("k", 256)+`"`, `{}`)); w.Code != 400 || problemCode(t, w) != idem.CodeKeyInvalid {
 				t.Fatalf("long key: %d %s", w.Code, w.Body)
 			}
-			if w := do(h, post("/x", "", "k", `{}`)); w.Code != 401 || problemCode(t, w) != idempotency.CodeScopeUnknown {
+			if w := do(h, post("/x", "", "k", `{}`)); w.Code != 401 || problemCode(t, w) != idem.CodeScopeUnknown {
 				t.Fatalf("no principal: %d %s", w.Code, w.Body)
 			}
 			if w := do(h, post("/x", "alice", "secret-key-value", `{}`)); strings.Contains(w.Body.String(), "secret-key-value") {
@@ -303,7 +304,7 @@ func TestMiddleware(t *testing.T) {
 			go func() { second <- do(h, post("/x", "alice", "k", `{}`)) }()
 			close(gate)
 			w1, w2 := <-first, <-second
-			if w1.Code != 201 || w2.Code != 201 || w2.Body.String() != "first" || w2.Header().Get(idempotency.ReplayedHeader) != "true" || runs.Load() != 1 {
+			if w1.Code != 201 || w2.Code != 201 || w2.Body.String() != "first" || w2.Header().Get(idem.HeaderReplayed) != "true" || runs.Load() != 1 {
 				t.Fatalf("first %d, second %d %q %v, runs %d", w1.Code, w2.Code, w2.Body, w2.Header(), runs.Load())
 			}
 		}},

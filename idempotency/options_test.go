@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempotency"
 )
 
@@ -26,13 +27,13 @@ func TestFingerprintOptions(t *testing.T) {
 		return r
 	}
 	do(h, req(`{"amount":1,"note":"a"}`, "t1"))
-	if w := do(h, req(`{"note":"b","amount":1}`, "t1")); w.Header().Get(idempotency.ReplayedHeader) != "true" {
+	if w := do(h, req(`{"note":"b","amount":1}`, "t1")); w.Header().Get(idem.HeaderReplayed) != "true" {
 		t.Fatalf("other unfingerprinted field: %d %s, want a replay", w.Code, w.Body)
 	}
-	if w := do(h, req(`{"amount":2,"note":"a"}`, "t1")); w.Code != 409 || problemCode(t, w) != idempotency.CodeKeyReused {
+	if w := do(h, req(`{"amount":2,"note":"a"}`, "t1")); w.Code != 409 || problemCode(t, w) != idem.CodeKeyReused {
 		t.Fatalf("other amount: %d %s, want reused", w.Code, w.Body)
 	}
-	if w := do(h, req(`{"amount":1,"note":"a"}`, "t2")); w.Code != 409 || problemCode(t, w) != idempotency.CodeKeyReused {
+	if w := do(h, req(`{"amount":1,"note":"a"}`, "t2")); w.Code != 409 || problemCode(t, w) != idem.CodeKeyReused {
 		t.Fatalf("other header: %d %s, want reused", w.Code, w.Body)
 	}
 	if runs.Load() != 1 {
@@ -60,7 +61,7 @@ func TestResponseController(t *testing.T) {
 	defer srv.Close()
 	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("x"))
 	req.Header.Set("X-User", "alice")
-	req.Header.Set(idempotency.HeaderName, "k")
+	req.Header.Set(idem.HeaderKey, "k")
 	resp, err := srv.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -19,18 +19,26 @@ type acquirer interface {
 // DB is a pool. BEGIN is pipelined with the claim and COMMIT with the stored
 // response (one pgx.Batch each), so a request pays no round trip of its own
 // for BEGIN or COMMIT: claim, the handler's statements, complete+commit.
+// pgx's own transaction cannot do that: it sends BEGIN by itself.
 //
-// It implements pgx.Tx on the acquired connection. Nested Begin uses
-// savepoints as pgx does. The connection goes back to the pool when the
-// transaction ends; pgxpool destroys a connection released inside a
-// transaction, so a path that forgets to end it cannot leak an open one.
+// It implements pgx.Tx on the acquired connection, for TxFromContext.
+// Nested Begin uses savepoints as pgx does. The connection goes back to the
+// pool when the transaction ends; pgxpool destroys a connection released
+// inside a transaction, so a path that forgets to end it cannot leak an
+// open one.
+//
+// pgx.Tx is an interface that pgx may extend in a minor release (pgx
+// exempts it from its semver promise). The assertion below turns such an
+// upgrade into a compile error here instead of a silent gap. Version
+// floor: pgx v5.12.0, which go.mod requires and the tests run against
+// (pgx.Tx has the same method set in v5.9.2). On a pgx that adds a method,
+// add it here, delegating to the connection as the others do.
 type pipeTx struct {
 	pc     *pgxpool.Conn
 	conn   *pgx.Conn
 	sp     int64
 	closed bool
 	lo     pgx.Tx
-	claim  Claim
 }
 
 var _ pgx.Tx = (*pipeTx)(nil)
@@ -196,7 +204,7 @@ func (s *savepointTx) QueryRow(ctx context.Context, sql string, args ...any) pgx
 }
 func (s *savepointTx) Conn() *pgx.Conn { return s.parent.conn }
 
-// isDivisionByZero is how CompleteTx reports a fenced-out claim.
+// isDivisionByZero is how TxComplete reports a fenced-out claim.
 func isDivisionByZero(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "22012"

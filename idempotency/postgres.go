@@ -14,8 +14,13 @@ import (
 	"github.com/idemkit/idem/idempotency/internal/dbsqlc"
 )
 
-// DB is what PostgresStore needs: a *pgxpool.Pool, a *pgx.Conn or anything
-// else that runs statements and begins transactions.
+// DB is what PostgresStore needs: a *pgxpool.Pool in production, or a
+// *pgx.Conn (anything else that runs statements and begins transactions).
+// It is the one database interface of this package: the statements need
+// Exec, Query and QueryRow, ModeTransactional needs Begin. A
+// *pgxpool.Pool is recognised and used better: ModeTransactional then
+// pipelines BEGIN with the claim and COMMIT with the record, on a
+// connection it acquires.
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -55,60 +60,86 @@ func (s *PostgresStore) Claim(ctx context.Context, c Claim) (ClaimResult, error)
 		if err != nil {
 			return ClaimResult{}, fmt.Errorf("idempotency: claim: %w", err)
 		}
-		res, retry, err := claimResult(row.Outcome, row.Fence, row.RetryAfterUs, row.ExpiresInUs, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
-		if err != nil || !retry {
-			return res, err
+		o, err := parseOutcome(row.Outcome)
+		if err != nil {
+			return ClaimResult{}, err
 		}
+		if o == outcomeRetry {
+			continue
+		}
+		return claimResult(o, row.Fence, row.RetryAfterUs, row.ExpiresInUs, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
 	}
 	return ClaimResult{Outcome: OutcomeInProgress, RetryAfter: time.Second}, nil
 }
 
-func claimResult(outcome string, fence, retryUs, expiresUs int64, status int32, headers, body []byte) (ClaimResult, bool, error) {
-	switch outcome {
+// outcomeRetry is the claim statement's "run me again" (see queries.sql);
+// it never leaves this file.
+const outcomeRetry Outcome = -1
+
+// parseOutcome turns the statements' outcome text into the enum, once, at
+// the boundary.
+func parseOutcome(s string) (Outcome, error) {
+	switch s {
 	case "claimed":
-		return ClaimResult{Outcome: OutcomeClaimed, Fence: fence}, false, nil
+		return OutcomeClaimed, nil
 	case "took_over":
-		return ClaimResult{Outcome: OutcomeTookOver, Fence: fence}, false, nil
-	case "mismatch":
-		return ClaimResult{Outcome: OutcomeMismatch}, false, nil
+		return OutcomeTookOver, nil
 	case "in_progress":
+		return OutcomeInProgress, nil
+	case "completed":
+		return OutcomeCompleted, nil
+	case "mismatch":
+		return OutcomeMismatch, nil
+	case "retry":
+		return outcomeRetry, nil
+	}
+	return 0, fmt.Errorf("idempotency: unknown claim outcome %q", s)
+}
+
+func claimResult(o Outcome, fence, retryUs, expiresUs int64, status int32, headers, body []byte) (ClaimResult, error) {
+	switch o {
+	case OutcomeClaimed, OutcomeTookOver:
+		return ClaimResult{Outcome: o, Fence: fence}, nil
+	case OutcomeInProgress:
 		ra := time.Duration(retryUs) * time.Microsecond
 		if ra <= 0 {
 			ra = time.Second
 		}
-		return ClaimResult{Outcome: OutcomeInProgress, RetryAfter: ra}, false, nil
-	case "completed":
+		return ClaimResult{Outcome: o, RetryAfter: ra}, nil
+	case OutcomeCompleted:
 		resp := &Response{Status: int(status), Header: http.Header{}, Body: body}
 		if resp.Body == nil {
 			resp.Body = []byte{}
 		}
 		if len(headers) > 0 {
 			if err := json.Unmarshal(headers, &resp.Header); err != nil {
-				return ClaimResult{}, false, fmt.Errorf("idempotency: stored headers: %w", err)
+				return ClaimResult{}, fmt.Errorf("idempotency: stored headers: %w", err)
 			}
 		}
-		return ClaimResult{Outcome: OutcomeCompleted, Response: resp, ExpiresIn: time.Duration(expiresUs) * time.Microsecond}, false, nil
-	case "retry":
-		return ClaimResult{}, true, nil
+		return ClaimResult{Outcome: o, Response: resp, ExpiresIn: time.Duration(expiresUs) * time.Microsecond}, nil
 	}
-	return ClaimResult{}, false, fmt.Errorf("idempotency: unknown claim outcome %q", outcome)
+	return ClaimResult{Outcome: o}, nil // OutcomeMismatch
+}
+
+// Renew implements Store.
+func (s *PostgresStore) Renew(ctx context.Context, key KeyHash, fence int64, lease time.Duration) error {
+	n, err := s.q.Renew(ctx, dbsqlc.RenewParams{KeyHash: key[:], Fence: fence, LeaseS: lease.Seconds()})
+	if err != nil {
+		return fmt.Errorf("idempotency: renew: %w", err)
+	}
+	if n == 0 {
+		return ErrFenced
+	}
+	return nil
 }
 
 // Complete implements Store.
 func (s *PostgresStore) Complete(ctx context.Context, key KeyHash, fence int64, resp *Response, retention time.Duration) error {
-	return complete(ctx, s.q, key, fence, resp, retention)
-}
-
-func complete(ctx context.Context, q *dbsqlc.Queries, key KeyHash, fence int64, resp *Response, retention time.Duration) error {
-	hdr, err := json.Marshal(resp.Header)
+	hdr, body, err := encodeResponse(resp)
 	if err != nil {
-		return fmt.Errorf("idempotency: encode headers: %w", err)
+		return err
 	}
-	body := resp.Body
-	if body == nil {
-		body = []byte{}
-	}
-	n, err := q.Complete(ctx, dbsqlc.CompleteParams{
+	n, err := s.q.Complete(ctx, dbsqlc.CompleteParams{
 		KeyHash: key[:], Fence: fence, Status: int32(resp.Status), Headers: hdr, Body: body,
 		RetentionS: retention.Seconds(),
 	})
@@ -119,6 +150,18 @@ func complete(ctx context.Context, q *dbsqlc.Queries, key KeyHash, fence int64, 
 		return ErrFenced
 	}
 	return nil
+}
+
+func encodeResponse(resp *Response) (headers, body []byte, err error) {
+	headers, err = json.Marshal(resp.Header)
+	if err != nil {
+		return nil, nil, fmt.Errorf("idempotency: encode headers: %w", err)
+	}
+	body = resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	return headers, body, nil
 }
 
 // Release implements Store.
@@ -147,21 +190,15 @@ func (s *PostgresStore) Purge(ctx context.Context, limit int) (int, error) {
 // sharing one (chance 2^-64) only make one of them wait its turn.
 func lockID(k KeyHash) int64 { return int64(binary.BigEndian.Uint64(k[:8])) }
 
-// claimTx is the request transaction over a DB that is not a pool: the
-// claim rides along for CommitComplete.
-type claimTx struct {
-	pgx.Tx
-	claim Claim
-}
-
 // BeginClaim implements TxStore: BEGIN, a try-lock on the key and a read of
-// its record (see TxLock and TxRead in queries.sql). Nothing is written
-// until CommitComplete. With a pool (*pgxpool.Pool) the three statements
-// travel in one pgx.Batch: one round trip. In this mode ClaimResult.Fence is
-// 0: the transaction itself is the fence.
-func (s *PostgresStore) BeginClaim(ctx context.Context, c Claim) (pgx.Tx, ClaimResult, error) {
+// its record (see TxLock and TxRead in queries.sql), then a savepoint that
+// the handler's writes run under (see ClaimTx.Commit). Nothing is written
+// until the commit. With a pool (*pgxpool.Pool) the four statements travel
+// in one pgx.Batch: one round trip. ClaimResult.Fence is 0: the
+// transaction itself is the fence.
+func (s *PostgresStore) BeginClaim(ctx context.Context, c Claim) (*ClaimTx, ClaimResult, error) {
 	var (
-		tx  pgx.Tx
+		ct  *ClaimTx
 		got bool
 		row dbsqlc.TxReadRow
 	)
@@ -171,20 +208,21 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, c Claim) (pgx.Tx, ClaimR
 		if err != nil {
 			return nil, ClaimResult{}, fmt.Errorf("idempotency: acquire: %w", err)
 		}
-		pt := &pipeTx{pc: pc, conn: pc.Conn(), claim: c}
+		pt := &pipeTx{pc: pc, conn: pc.Conn()}
 		b := &pgx.Batch{}
 		b.Queue("begin")
 		b.Queue(dbsqlc.TxLockSQL, lockID(c.Key)).QueryRow(func(r pgx.Row) error { return r.Scan(&got) })
 		b.Queue(dbsqlc.TxReadSQL, dbsqlc.TxReadArgs(readArgs)...).QueryRow(func(r pgx.Row) error {
 			return r.Scan(&row.Outcome, &row.RetryAfterUs, &row.ExpiresInUs, &row.ResponseStatus, &row.ResponseHeaders, &row.ResponseBody)
 		})
+		b.Queue(savepointSQL)
 		if err := pt.conn.SendBatch(ctx, b).Close(); err != nil {
 			// A failed batch leaves the transaction aborted (or never
 			// begun); the pool destroys a connection released inside one.
 			_ = pt.Rollback(context.WithoutCancel(ctx))
 			return nil, ClaimResult{}, fmt.Errorf("idempotency: claim: %w", err)
 		}
-		tx = pt
+		ct = &ClaimTx{claim: c, tx: pt, pipe: pt}
 	} else {
 		btx, err := s.db.Begin(ctx)
 		if err != nil {
@@ -195,93 +233,31 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, c Claim) (pgx.Tx, ClaimR
 		if err == nil {
 			row, err = q.TxRead(ctx, readArgs)
 		}
+		if err == nil {
+			_, err = btx.Exec(ctx, savepointSQL)
+		}
 		if err != nil {
 			_ = btx.Rollback(context.WithoutCancel(ctx))
 			return nil, ClaimResult{}, fmt.Errorf("idempotency: claim: %w", err)
 		}
-		tx = &claimTx{Tx: btx, claim: c}
+		ct = &ClaimTx{claim: c, tx: btx}
 	}
-	outcome := row.Outcome
-	if !got && (outcome == "claimed" || outcome == "took_over") {
-		// Another transaction holds the key: its record is not committed
-		// yet, so we cannot see it (nor compare fingerprints).
-		outcome = "in_progress"
+	o, err := parseOutcome(row.Outcome)
+	var res ClaimResult
+	if err == nil {
+		if !got && (o == OutcomeClaimed || o == OutcomeTookOver) {
+			// Another transaction holds the key: its record is not
+			// committed yet, so we cannot see it (nor compare fingerprints).
+			o = OutcomeInProgress
+		}
+		res, err = claimResult(o, 0, row.RetryAfterUs, row.ExpiresInUs, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
 	}
-	res, _, err := claimResult(outcome, 0, row.RetryAfterUs, row.ExpiresInUs, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
 	if err == nil && (res.Outcome == OutcomeClaimed || res.Outcome == OutcomeTookOver) {
-		return tx, res, nil
+		return ct, res, nil
 	}
 	// Not ours: end the transaction (and its advisory lock) now.
-	if rerr := tx.Rollback(context.WithoutCancel(ctx)); rerr != nil && err == nil {
+	if rerr := ct.Rollback(context.WithoutCancel(ctx)); rerr != nil && err == nil {
 		err = fmt.Errorf("idempotency: rollback: %w", rerr)
 	}
 	return nil, res, err
-}
-
-// CommitComplete implements TxStore: it writes the complete record in tx
-// and commits. For a transaction over a pool, the two travel in one
-// pgx.Batch: one round trip, one commit. If the key was taken meanwhile (a
-// two-step claim on the same key), the record statement aborts the
-// transaction, so the COMMIT behind it rolls back, and the result is
-// ErrFenced.
-func (s *PostgresStore) CommitComplete(ctx context.Context, tx pgx.Tx, key KeyHash, fence int64, resp *Response, retention time.Duration) error {
-	var c Claim
-	switch t := tx.(type) {
-	case *pipeTx:
-		c = t.claim
-	case *claimTx:
-		c = t.claim
-	default:
-		return fmt.Errorf("idempotency: CommitComplete needs a transaction from BeginClaim, got %T", tx)
-	}
-	hdr, err := json.Marshal(resp.Header)
-	if err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return fmt.Errorf("idempotency: encode headers: %w", err)
-	}
-	body := resp.Body
-	if body == nil {
-		body = []byte{}
-	}
-	params := dbsqlc.TxCompleteParams{
-		KeyHash: c.Key[:], Fingerprint: c.Fingerprint[:], Status: int32(resp.Status), Headers: hdr, Body: body,
-		RetentionS: retention.Seconds(),
-	}
-	pt, ok := tx.(*pipeTx)
-	if !ok {
-		if _, err := dbsqlc.New(tx).TxComplete(ctx, params); err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-			if isDivisionByZero(err) {
-				return ErrFenced
-			}
-			return fmt.Errorf("idempotency: complete: %w", err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return fmt.Errorf("idempotency: commit: %w", err)
-		}
-		return nil
-	}
-	if pt.closed {
-		return pgx.ErrTxClosed
-	}
-	var commitTag pgconn.CommandTag
-	b := &pgx.Batch{}
-	b.Queue(dbsqlc.TxCompleteSQL, dbsqlc.TxCompleteArgs(params)...)
-	b.Queue("commit").Exec(func(ct pgconn.CommandTag) error { commitTag = ct; return nil })
-	err = pt.conn.SendBatch(ctx, b).Close()
-	if err == nil && commitTag.String() == "ROLLBACK" {
-		err = pgx.ErrTxCommitRollback
-	}
-	if err != nil {
-		if pt.conn.PgConn().TxStatus() != 'I' {
-			_ = pt.end(context.WithoutCancel(ctx), "rollback")
-		}
-		pt.release()
-		if isDivisionByZero(err) {
-			return ErrFenced
-		}
-		return fmt.Errorf("idempotency: complete and commit: %w", err)
-	}
-	pt.release()
-	return nil
 }

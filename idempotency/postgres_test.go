@@ -15,6 +15,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/internal/testdb"
 )
@@ -28,9 +29,12 @@ func countRows(t *testing.T, pool *pgxpool.Pool, table string) int {
 	return n
 }
 
-// TestAbandonedClaimTakeover: a handler that hangs past its lease keeps the
-// key (409) until the lease ends; then exactly one of many concurrent
-// retries takes over, and the late original's completion is fenced out.
+// TestAbandonedClaimTakeover: a handler that hangs past its context keeps
+// the key (409) until the lease, no longer renewed, ends; then exactly one
+// of many concurrent retries takes over, and the late original's
+// completion is fenced out. The original's client gets 409 in progress,
+// not the original's 201, and its retry gets the takeover's answer: one
+// key, one success.
 func TestAbandonedClaimTakeover(t *testing.T) {
 	t.Parallel()
 	for _, sc := range storeCases {
@@ -54,7 +58,7 @@ func TestAbandonedClaimTakeover(t *testing.T) {
 			orig := make(chan *httptest.ResponseRecorder)
 			go func() { orig <- do(h, post("/x", "alice", "k", `{}`)) }()
 			<-entered
-			if w := do(h, post("/x", "alice", "k", `{}`)); w.Code != 409 || problemCode(t, w) != idempotency.CodeKeyInProgress {
+			if w := do(h, post("/x", "alice", "k", `{}`)); w.Code != 409 || problemCode(t, w) != idem.CodeKeyInProgress {
 				t.Fatalf("during lease: %d %s", w.Code, w.Body)
 			}
 			// Retry until the lease ends, 8 clients at a time, as impatient
@@ -67,7 +71,7 @@ func TestAbandonedClaimTakeover(t *testing.T) {
 					wg.Go(func() {
 						w := do(h, post("/x", "alice", "k", `{}`))
 						mu.Lock()
-						if w.Header().Get(idempotency.ReplayedHeader) == "true" {
+						if w.Header().Get(idem.HeaderReplayed) == "true" {
 							codes[-w.Code]++ // replays of the takeover's response
 						} else {
 							codes[w.Code]++
@@ -82,13 +86,13 @@ func TestAbandonedClaimTakeover(t *testing.T) {
 				t.Fatalf("runs %d, codes %v, takeovers %d; want exactly one takeover", runs.Load(), codes, ev.count(idempotency.EventTakeover))
 			}
 			close(release)
-			if w := <-orig; w.Code != 201 || w.Body.String() != "original" {
-				t.Fatalf("original got %d %q", w.Code, w.Body)
+			if w := <-orig; w.Code != 409 || problemCode(t, w) != idem.CodeKeyInProgress {
+				t.Fatalf("fenced original got %d %q, want 409 %s", w.Code, w.Body, idem.CodeKeyInProgress)
 			}
 			if ev.count(idempotency.EventFenced) != 1 {
 				t.Fatalf("fenced events %d, want the late original fenced out", ev.count(idempotency.EventFenced))
 			}
-			if w := do(h, post("/x", "alice", "k", `{}`)); w.Body.String() != "takeover" || w.Header().Get(idempotency.ReplayedHeader) != "true" {
+			if w := do(h, post("/x", "alice", "k", `{}`)); w.Body.String() != "takeover" || w.Header().Get(idem.HeaderReplayed) != "true" {
 				t.Fatalf("replay after takeover = %d %q, want the new owner's response", w.Code, w.Body)
 			}
 		})
@@ -171,7 +175,7 @@ func TestTransactional(t *testing.T) {
 		// Would block until gate closes if the claim waited on the row lock.
 		w := do(h, post("/x", "alice", "k", `{}`))
 		close(gate)
-		if w.Code != 409 || problemCode(t, w) != idempotency.CodeKeyInProgress || <-first != 201 {
+		if w.Code != 409 || problemCode(t, w) != idem.CodeKeyInProgress || <-first != 201 {
 			t.Fatalf("second = %d %s", w.Code, w.Body)
 		}
 	})
@@ -197,7 +201,7 @@ func TestStoreDown(t *testing.T) {
 			ev := &events{}
 			h := newMW(t, idempotency.NewPostgresStore(pool), idempotency.Config{Mode: mode, Hook: ev.hook}).Wrap(created(&runs))
 			w := do(h, post("/x", "alice", "k", `{}`))
-			if w.Code != 503 || problemCode(t, w) != idempotency.CodeStoreUnavailable || runs.Load() != 0 || ev.count(idempotency.EventStoreError) != 1 {
+			if w.Code != 503 || problemCode(t, w) != idem.CodeStoreUnavailable || runs.Load() != 0 || ev.count(idempotency.EventStoreError) != 1 {
 				t.Fatalf("status %d %s, runs %d", w.Code, w.Body, runs.Load())
 			}
 		})
@@ -241,15 +245,15 @@ func TestRouting(t *testing.T) {
 			t.Fatalf("%s: %d %q", tt.name, w1.Code, w1.Body)
 		}
 		// Same key on another route: independent.
-		if w := do(tt.h, post(tt.pay, "alice", "k-"+tt.name, `{}`)); w.Code != 201 || w.Header().Get(idempotency.ReplayedHeader) != "" {
+		if w := do(tt.h, post(tt.pay, "alice", "k-"+tt.name, `{}`)); w.Code != 201 || w.Header().Get(idem.HeaderReplayed) != "" {
 			t.Fatalf("%s: other route %d %v", tt.name, w.Code, w.Header())
 		}
 		// Same key, same route pattern, other path: the path is in the
 		// fingerprint, so it is a reuse, not a replay.
-		if w := do(tt.h, post(tt.confirm2, "alice", "k-"+tt.name, `{}`)); w.Code != 409 || problemCode(t, w) != idempotency.CodeKeyReused {
+		if w := do(tt.h, post(tt.confirm2, "alice", "k-"+tt.name, `{}`)); w.Code != 409 || problemCode(t, w) != idem.CodeKeyReused {
 			t.Fatalf("%s: same route other path %d %s", tt.name, w.Code, w.Body)
 		}
-		if w := do(tt.h, post(tt.confirm1, "alice", "k-"+tt.name, `{}`)); w.Header().Get(idempotency.ReplayedHeader) != "true" {
+		if w := do(tt.h, post(tt.confirm1, "alice", "k-"+tt.name, `{}`)); w.Header().Get(idem.HeaderReplayed) != "true" {
 			t.Fatalf("%s: no replay", tt.name)
 		}
 		if runs.Load()-before != 2 {
@@ -278,7 +282,7 @@ func TestPurgeLoop(t *testing.T) {
 	if _, err := s.Claim(ctx, claimOf("live", "a", time.Hour, time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	mw := newMW(t, s, idempotency.Config{PurgeInterval: 5 * time.Millisecond, PurgeBatch: 2})
+	mw := newMW(t, s, idempotency.Config{PurgeInterval: 5 * time.Millisecond, PurgeBatchSize: 2})
 	if err := mw.Stop(ctx); err != nil {
 		t.Fatalf("Stop before Start: %v", err)
 	}

@@ -4,25 +4,13 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+
+	"github.com/idemkit/idem"
 )
 
-// Problem codes: the `code` member of the problem+json bodies the middleware
-// writes (ARCHITECTURE.md lists the first four).
-const (
-	CodeKeyRequired      = "IDEMPOTENCY_KEY_REQUIRED"    // 400
-	CodeKeyInvalid       = "IDEMPOTENCY_KEY_INVALID"     // 400
-	CodeKeyReused        = "IDEMPOTENCY_KEY_REUSED"      // 409, or 422 by Config.MismatchStatus
-	CodeKeyInProgress    = "IDEMPOTENCY_KEY_IN_PROGRESS" // 409 with Retry-After
-	CodeBodyTooLarge     = "REQUEST_BODY_TOO_LARGE"      // 413
-	CodeBodyUnreadable   = "REQUEST_BODY_UNREADABLE"     // 400: the body could not be read
-	CodeScopeUnknown     = "IDEMPOTENCY_SCOPE_UNKNOWN"   // 401: Config.Scope failed
-	CodeStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
-)
-
-// ProblemContentType is the media type of RFC 9457 problem details.
-const ProblemContentType = "application/problem+json"
-
-// Problem is an RFC 9457 problem details object with idem's `code` member.
+// Problem is an RFC 9457 problem details object with idem's code member:
+// the body of every answer the middleware writes itself. The codes are
+// package idem's (idem.CodeKeyReused and the rest).
 type Problem struct {
 	Type   string `json:"type"`
 	Title  string `json:"title"`
@@ -32,14 +20,17 @@ type Problem struct {
 }
 
 var problemTitles = map[string]string{
-	CodeKeyRequired:      "Idempotency-Key required",
-	CodeKeyInvalid:       "Idempotency-Key invalid",
-	CodeKeyReused:        "Idempotency-Key reused with a different request",
-	CodeKeyInProgress:    "A request with this Idempotency-Key is in progress",
-	CodeBodyTooLarge:     "Request body too large",
-	CodeBodyUnreadable:   "Request body unreadable",
-	CodeScopeUnknown:     "Principal unknown",
-	CodeStoreUnavailable: "Idempotency store unavailable",
+	idem.CodeKeyRequired:      "Idempotency-Key required",
+	idem.CodeKeyInvalid:       "Idempotency-Key invalid",
+	idem.CodeKeyReused:        "Idempotency-Key reused with a different request",
+	idem.CodeKeyInProgress:    "A request with this Idempotency-Key is in progress",
+	idem.CodeBodyTooLarge:     "Request body too large",
+	idem.CodeBodyUnreadable:   "Request body unreadable",
+	idem.CodeBodyTooDeep:      "Request body nested too deep",
+	idem.CodeBodyAmbiguous:    "Request body has ambiguous member names",
+	idem.CodeScopeUnknown:     "Principal unknown",
+	idem.CodeStoreUnavailable: "Idempotency store unavailable",
+	idem.CodeTxAborted:        "Success answered for a failed transaction",
 }
 
 // problemType is a stable URI per code; it names the problem, it is not
@@ -52,7 +43,7 @@ func writeProblem(w http.ResponseWriter, status int, code, detail string) {
 	p := Problem{Type: problemType(code), Title: problemTitles[code], Status: status, Detail: detail, Code: code}
 	b, _ := json.Marshal(p)
 	h := w.Header()
-	h.Set("Content-Type", ProblemContentType)
+	h.Set("Content-Type", idem.ProblemContentType)
 	h.Set("Cache-Control", "no-store")
 	h.Del("Content-Length")
 	w.WriteHeader(status)

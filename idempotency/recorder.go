@@ -3,6 +3,8 @@ package idempotency
 import (
 	"bytes"
 	"net/http"
+
+	"github.com/idemkit/idem"
 )
 
 // recorder buffers the handler's response: it is sent only after the
@@ -103,7 +105,7 @@ func writeResponse(w http.ResponseWriter, resp *Response, replayed bool) {
 		h[k] = append([]string(nil), v...)
 	}
 	if replayed {
-		h.Set(ReplayedHeader, "true")
+		h.Set(idem.HeaderReplayed, "true")
 	}
 	w.WriteHeader(resp.Status)
 	_, _ = w.Write(resp.Body)

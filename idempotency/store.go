@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/idemkit/idem"
 )
 
 // KeyHash identifies one idempotency record: SHA-256 over the scope (the
@@ -114,14 +114,29 @@ type Response struct {
 // Store keeps idempotency records. Every method is safe for concurrent use.
 // Implementations: NewPostgresStore (durable, shared by every instance of a
 // service) and NewMemoryStore (one process; tests and simulators). The
-// conformance suite in idempotency/storetest checks any implementation.
+// conformance suite in idempotency/storetest checks any implementation:
+// a store that passes it is what the middleware needs.
+//
+// Leases and retentions are measured in the store's own clock (database
+// time for PostgreSQL), never in the callers': instances with skewed clocks
+// agree on who owns a key. A fence is the token of one claim: every claim
+// that takes a key gets a fence greater than any the key had, and only the
+// current fence may complete, release or renew.
 type Store interface {
 	// Claim atomically takes c.Key or reports who has it, in one step (one
 	// round trip for PostgreSQL): a new, expired or released key is claimed;
 	// a claimed key whose lease ran out is taken over (fingerprint must
 	// match); otherwise the result is a replay, a mismatch or in-progress,
-	// a mismatch winning over in-progress. ctx bounds the call.
+	// a mismatch winning over in-progress. The lease runs from the store's
+	// now when it handles the call. ctx bounds the call.
 	Claim(ctx context.Context, c Claim) (ClaimResult, error)
+	// Renew extends the live lease of fence to lease from the store's now
+	// (and the record's retention, if shorter, to the same end), so that a
+	// handler that runs longer than one lease keeps its key. It returns
+	// ErrFenced if fence no longer owns a live lease: taken over, released,
+	// completed, or run out in the store's clock even if nobody took the
+	// key meanwhile. A renewal never brings an expired lease back.
+	Renew(ctx context.Context, key KeyHash, fence int64, lease time.Duration) error
 	// Complete stores resp for the key if fence still owns it, and keeps it
 	// for retention from now. It returns ErrFenced if the claim was taken
 	// over (or released) meanwhile.
@@ -141,38 +156,65 @@ type Store interface {
 type TxStore interface {
 	Store
 	// BeginClaim begins a transaction and claims c.Key in it. When the
-	// outcome is OutcomeClaimed or OutcomeTookOver the returned tx is open
-	// and the caller must end it with CommitComplete or a Rollback; for
-	// any other outcome (or an error) tx is nil and nothing stays open.
-	// A concurrent BeginClaim on the same key does not wait for the open
+	// outcome is OutcomeClaimed or OutcomeTookOver, the returned ClaimTx is
+	// open and the caller must end it with its Commit or Rollback; for any
+	// other outcome (or an error) it is nil and nothing stays open. A
+	// concurrent BeginClaim on the same key does not wait for the open
 	// transaction: it reports OutcomeInProgress at once (a mismatch cannot
-	// be seen until the first commits). Fence may be 0: the transaction is
-	// the fence.
-	BeginClaim(ctx context.Context, c Claim) (pgx.Tx, ClaimResult, error)
-	// CommitComplete stores resp in tx (it must come from BeginClaim) and
-	// commits tx: the claim, everything written through tx and the response
-	// commit together. On error tx is rolled back; ErrFenced means the key
-	// was taken by another claimer meanwhile.
-	CommitComplete(ctx context.Context, tx pgx.Tx, key KeyHash, fence int64, resp *Response, retention time.Duration) error
+	// be seen until the first commits). Fence is 0: the transaction is the
+	// fence.
+	BeginClaim(ctx context.Context, c Claim) (*ClaimTx, ClaimResult, error)
 }
+
+// sentinel is an error of this package that is also one of package idem's,
+// for errors.Is with either.
+type sentinel struct {
+	msg  string
+	base error
+}
+
+func (e *sentinel) Error() string { return e.msg }
+func (e *sentinel) Unwrap() error { return e.base }
 
 // Errors.
 var (
+	// ErrInvalidConfig is wrapped by every error of New about its Config;
+	// the message names the field.
+	ErrInvalidConfig = errors.New("idempotency: invalid config")
 	// ErrFenced means the caller's claim was taken over (its lease ran out)
 	// or released: its completion is rejected so that it cannot overwrite
 	// the new owner's result.
 	ErrFenced = errors.New("idempotency: claim fenced out by a newer owner")
-	// ErrKeyRequired means the request has no Idempotency-Key header.
-	ErrKeyRequired = errors.New("idempotency: Idempotency-Key header required")
-	// ErrKeyInvalid means the Idempotency-Key is not 1–255 visible ASCII
-	// characters, bare or as a structured-field string.
-	ErrKeyInvalid = errors.New("idempotency: Idempotency-Key invalid")
+	// ErrLeaseLost is the cause of a handler's context ending because its
+	// claim's lease could not be renewed in time (the store was unreachable)
+	// or was found taken over: a retry may take the key over, and the
+	// handler should stop.
+	ErrLeaseLost = errors.New("idempotency: the claim's lease could not be renewed")
+	// ErrKeyRequired means the request has no Idempotency-Key header. It is
+	// also idem.ErrKeyRequired.
+	ErrKeyRequired error = &sentinel{"idempotency: Idempotency-Key header required", idem.ErrKeyRequired}
+	// ErrKeyInvalid means the Idempotency-Key breaks idem's key rule, or the
+	// request has two of them. It is also idem.ErrKeyInvalid.
+	ErrKeyInvalid error = &sentinel{"idempotency: Idempotency-Key invalid", idem.ErrKeyInvalid}
 	// ErrBodyTooLarge means the request body exceeds Config.MaxRequestBody.
 	ErrBodyTooLarge = errors.New("idempotency: request body too large")
+	// ErrBodyTooDeep means a JSON body nests deeper than
+	// Config.MaxBodyDepth.
+	ErrBodyTooDeep = errors.New("idempotency: JSON body nested too deep")
+	// ErrBodyAmbiguous means a JSON object in the body has two members
+	// whose names encoding/json could take for one (equal, or equal
+	// ignoring case): which one a handler sees depends on its decoder, so
+	// no fingerprint can be trusted to tell two such requests apart.
+	ErrBodyAmbiguous = errors.New("idempotency: JSON body has member names equal ignoring case")
 	// ErrTxOwned is returned by Commit and Rollback on the transaction from
 	// TxFromContext: the middleware owns it and commits it with the stored
 	// response.
 	ErrTxOwned = errors.New("idempotency: the transaction belongs to the middleware")
+	// ErrTxAborted is returned by ClaimTx.Commit for a success (any status
+	// but 4xx) whose transaction had a failed statement: PostgreSQL will not
+	// commit it, and storing the success without its writes would be a lie.
+	// Everything rolls back and the key is free again.
+	ErrTxAborted = errors.New("idempotency: success answered after a failed statement: the transaction is aborted")
 	// ErrStoreUnavailable wraps store failures reported to hooks.
 	ErrStoreUnavailable = errors.New("idempotency: store unavailable")
 )

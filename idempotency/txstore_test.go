@@ -45,7 +45,7 @@ func TestTxStore(t *testing.T) {
 			if err != nil || res.Outcome != idempotency.OutcomeClaimed || tx == nil {
 				t.Fatalf("BeginClaim = %v, %+v, %v", tx, res, err)
 			}
-			sp, err := tx.Begin(ctx)
+			sp, err := tx.Tx().Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -55,11 +55,11 @@ func TestTxStore(t *testing.T) {
 			if err := sp.Rollback(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := tx.Exec(ctx, "INSERT INTO orders VALUES (2)"); err != nil {
+			if _, err := tx.Tx().Exec(ctx, "INSERT INTO orders VALUES (2)"); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.CommitComplete(ctx, tx, c.Key, res.Fence, resp, time.Hour); err != nil {
-				t.Fatalf("CommitComplete: %v", err)
+			if err := tx.Commit(ctx, resp, time.Hour); err != nil {
+				t.Fatalf("ClaimTx.Commit: %v", err)
 			}
 			var ids []int64
 			rows, _ := db.Pool.Query(ctx, "SELECT id FROM orders ORDER BY id")
@@ -83,7 +83,7 @@ func TestTxStore(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := tx.Exec(ctx, "INSERT INTO orders VALUES (3)"); err != nil {
+			if _, err := tx.Tx().Exec(ctx, "INSERT INTO orders VALUES (3)"); err != nil {
 				t.Fatal(err)
 			}
 			if err := tx.Rollback(ctx); err != nil {
@@ -103,14 +103,14 @@ func TestTxStore(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := tx.Exec(ctx, "INSERT INTO orders VALUES (4)"); err != nil {
+			if _, err := tx.Tx().Exec(ctx, "INSERT INTO orders VALUES (4)"); err != nil {
 				t.Fatal(err)
 			}
 			if r, _ := check.Claim(ctx, c3); r.Outcome != idempotency.OutcomeClaimed {
 				t.Fatalf("two-step claim beside the open transaction: %v", r.Outcome)
 			}
-			if err := s.CommitComplete(ctx, tx, c3.Key, 0, resp, time.Hour); !errors.Is(err, idempotency.ErrFenced) {
-				t.Fatalf("CommitComplete after a two-step claim = %v, want ErrFenced", err)
+			if err := tx.Commit(ctx, resp, time.Hour); !errors.Is(err, idempotency.ErrFenced) {
+				t.Fatalf("ClaimTx.Commit after a two-step claim = %v, want ErrFenced", err)
 			}
 			if n := countRows(t, db.Pool, "orders"); n != 1 {
 				t.Fatalf("orders after fenced commit: %d, want the write rolled back", n)
@@ -133,8 +133,8 @@ func TestTxStore(t *testing.T) {
 			if r4.Outcome != idempotency.OutcomeTookOver {
 				t.Fatalf("after the lease: %v, want took over", r4.Outcome)
 			}
-			if err := s.CommitComplete(ctx, tx, c4.Key, r4.Fence, resp, time.Hour); err != nil {
-				t.Fatalf("CommitComplete after takeover: %v", err)
+			if err := tx.Commit(ctx, resp, time.Hour); err != nil {
+				t.Fatalf("ClaimTx.Commit after takeover: %v", err)
 			}
 			if r, _ := check.Claim(ctx, c4); r.Outcome != idempotency.OutcomeCompleted {
 				t.Fatalf("after transactional takeover: %v", r.Outcome)

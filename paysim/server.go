@@ -403,7 +403,7 @@ func (s *Server) Stats() Stats {
 }
 
 // hook counts the middleware's answers to POST /charges.
-func (s *Server) hook(_ context.Context, e idempotency.Event) {
+func (s *Server) hook(ctx context.Context, e idempotency.Event) context.Context {
 	switch e.Kind {
 	case idempotency.EventReplay:
 		s.replayed.Add(1)
@@ -412,6 +412,7 @@ func (s *Server) hook(_ context.Context, e idempotency.Event) {
 	case idempotency.EventMismatch:
 		s.reused.Add(1)
 	}
+	return ctx
 }
 
 // metrics is GET /metrics in the Prometheus text format, written by hand

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/internal/cli"
 	"github.com/idemkit/idem/migrate"
@@ -362,7 +363,7 @@ func (p *benchConns) post(ctx context.Context, path, key string, want int) error
 		_ = c.c.SetDeadline(dl)
 	}
 	fmt.Fprintf(c.bw, "POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nX-User: bench\r\n%s: %s\r\nContent-Length: %d\r\n\r\n%s",
-		path, idempotency.HeaderName, key, len(benchHTTPBody), benchHTTPBody)
+		path, idem.HeaderKey, key, len(benchHTTPBody), benchHTTPBody)
 	err := c.bw.Flush()
 	var resp *http.Response
 	if err == nil {

@@ -1,7 +1,24 @@
 // Package storetest is the conformance suite every idempotency.Store must
 // pass: claim, in-progress, mismatch, complete and replay, release, lease
-// expiry and takeover, fencing, retention expiry and purge, with real
-// concurrency (many goroutines claiming one key: exactly one winner).
+// expiry and takeover, fencing, lease renewal, retention expiry and purge,
+// with real concurrency (many goroutines claiming one key: exactly one
+// winner; racing claims against a renewing owner: no winner).
+//
+// The contract a store must keep, beyond each method's doc:
+//
+//   - Leases and retentions are measured in the store's own clock, from the
+//     moment it handles the call: the middleware reckons its handler's
+//     deadline from when it sent the call, which only works if the store
+//     never starts a lease earlier than that.
+//   - A fence is the token of one claim. Fences of a key strictly increase.
+//     Complete, Release and Renew succeed only for the current fence, and
+//     only while the claim stands; otherwise they return
+//     idempotency.ErrFenced.
+//   - Renew extends a live lease by its lease from the store's now, and the
+//     record's retention to at least the same end. It never brings back a
+//     lease that has run out, even if nobody took the key over: the
+//     owner's handler has been stopped by then, and a renewal would let a
+//     stopped handler's key block retries.
 //
 // Call Run from a test of the store's package:
 //
@@ -78,6 +95,10 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		{"CompleteRetentionCountsFromCompletion", testCompleteRetention},
 		{"Purge", testPurge},
 		{"CancelledContext", testCancelledContext},
+		{"RenewKeepsKeyPastLease", testRenewKeepsKey},
+		{"RenewFencedByToken", testRenewFenced},
+		{"RenewAfterLeaseRanOut", testRenewAfterExpiry},
+		{"RenewExtendsRetention", testRenewExtendsRetention},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -558,4 +579,155 @@ func testCancelledContext(t *testing.T, s idempotency.Store) {
 	}
 	// Nothing was claimed by the cancelled call.
 	mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeClaimed)
+}
+
+// testRenewKeepsKey: an owner that renews every Lease/3 keeps its key past
+// its first lease: racing claims after that lease would have run out (a
+// probe claimed with the same lease just after has been taken over) all
+// get in-progress. When the owner stops renewing, the lease runs out and
+// exactly one racer takes over; the owner's next renewal is fenced.
+func testRenewKeepsKey(t *testing.T, s idempotency.Store) {
+	k, probe := newKey(t), newKey(t)
+	own := mustClaim(t, s, claimOf(k, fp("a"), Lease, Long), idempotency.OutcomeClaimed)
+	mustClaim(t, s, claimOf(probe, fp("p"), Lease, Long), idempotency.OutcomeClaimed)
+	stop, stopped := make(chan struct{}), make(chan error, 1)
+	var once sync.Once
+	stopRenewing := func() error {
+		once.Do(func() { close(stop) })
+		err := <-stopped
+		stopped <- err
+		return err
+	}
+	t.Cleanup(func() { _ = stopRenewing() })
+	go func() {
+		tick := time.NewTicker(Lease / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				stopped <- nil
+				return
+			case <-tick.C:
+			}
+			if err := s.Renew(context.WithoutCancel(t.Context()), k, own.Fence, Lease); err != nil {
+				stopped <- err
+				return
+			}
+		}
+	}()
+	eventually(t, "the probe's lease to run out", func() bool {
+		res, err := s.Claim(t.Context(), claimOf(probe, fp("p"), Long, Long))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Outcome == idempotency.OutcomeTookOver
+	})
+	counts, _ := race(t, s, claimOf(k, fp("a"), Long, Long))
+	if err := stopRenewing(); err != nil {
+		t.Fatalf("the owner's renewal failed: %v", err)
+	}
+	if counts[idempotency.OutcomeInProgress] != Racers {
+		t.Fatalf("%d racing claims past the first lease of a renewed claim: %v, want all in progress", Racers, counts)
+	}
+	var took idempotency.ClaimResult
+	eventually(t, "the unrenewed lease to run out", func() bool {
+		res, err := s.Claim(t.Context(), claimOf(k, fp("a"), Long, Long))
+		if err != nil {
+			t.Fatal(err)
+		}
+		took = res
+		return res.Outcome != idempotency.OutcomeInProgress
+	})
+	if took.Outcome != idempotency.OutcomeTookOver || took.Fence <= own.Fence {
+		t.Fatalf("after the renewals stopped: %s fence %d, want took_over with a fence > %d", took.Outcome, took.Fence, own.Fence)
+	}
+	if err := s.Renew(t.Context(), k, own.Fence, Lease); !errors.Is(err, idempotency.ErrFenced) {
+		t.Fatalf("Renew by the old owner after a takeover: %v, want ErrFenced", err)
+	}
+	if err := s.Renew(t.Context(), k, took.Fence, Long); err != nil {
+		t.Fatalf("Renew by the new owner: %v", err)
+	}
+}
+
+// testRenewFenced: only the current fence renews, and only a standing
+// claim.
+func testRenewFenced(t *testing.T, s idempotency.Store) {
+	k := newKey(t)
+	r := mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeClaimed)
+	for _, bad := range []int64{r.Fence + 1, r.Fence - 1, 0} {
+		if err := s.Renew(t.Context(), k, bad, Long); !errors.Is(err, idempotency.ErrFenced) {
+			t.Fatalf("Renew with fence %d (owner %d): %v, want ErrFenced", bad, r.Fence, err)
+		}
+	}
+	if err := s.Renew(t.Context(), k, r.Fence, Long); err != nil {
+		t.Fatalf("Renew by the owner: %v", err)
+	}
+	if err := s.Renew(t.Context(), newKey(t), 1, Long); !errors.Is(err, idempotency.ErrFenced) {
+		t.Fatalf("Renew of an unclaimed key: %v, want ErrFenced", err)
+	}
+	if err := s.Complete(t.Context(), k, r.Fence, sampleResponse(), Long); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Renew(t.Context(), k, r.Fence, Long); !errors.Is(err, idempotency.ErrFenced) {
+		t.Fatalf("Renew of a completed key: %v, want ErrFenced", err)
+	}
+	got := mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
+	sameResponse(t, got.Response, sampleResponse())
+
+	k2 := newKey(t)
+	r2 := mustClaim(t, s, claimOf(k2, fp("a"), Long, Long), idempotency.OutcomeClaimed)
+	if err := s.Release(t.Context(), k2, r2.Fence); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Renew(t.Context(), k2, r2.Fence, Long); !errors.Is(err, idempotency.ErrFenced) {
+		t.Fatalf("Renew of a released key: %v, want ErrFenced", err)
+	}
+	mustClaim(t, s, claimOf(k2, fp("a"), Long, Long), idempotency.OutcomeClaimed)
+}
+
+// testRenewAfterExpiry: a lease that ran out in the store's clock is not
+// renewed, although nobody took the key over; the next claim takes over.
+// A probe claimed just after with the same lease tells when it ran out.
+func testRenewAfterExpiry(t *testing.T, s idempotency.Store) {
+	k, probe := newKey(t), newKey(t)
+	r := mustClaim(t, s, claimOf(k, fp("a"), Lease, Long), idempotency.OutcomeClaimed)
+	mustClaim(t, s, claimOf(probe, fp("p"), Lease, Long), idempotency.OutcomeClaimed)
+	eventually(t, "the probe's lease to run out", func() bool {
+		res, err := s.Claim(t.Context(), claimOf(probe, fp("p"), Long, Long))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Outcome == idempotency.OutcomeTookOver
+	})
+	if err := s.Renew(t.Context(), k, r.Fence, Long); !errors.Is(err, idempotency.ErrFenced) {
+		t.Fatalf("Renew of a lease that ran out: %v, want ErrFenced", err)
+	}
+	mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeTookOver)
+}
+
+// testRenewExtendsRetention: a claim renewed past its record's retention
+// keeps the record: a different request still gets mismatch, not the key.
+// A probe record with the same retention tells when it would have expired.
+func testRenewExtendsRetention(t *testing.T, s idempotency.Store) {
+	k, probe := newKey(t), newKey(t)
+	own := mustClaim(t, s, claimOf(k, fp("a"), Retention, Retention), idempotency.OutcomeClaimed)
+	p := mustClaim(t, s, claimOf(probe, fp("p"), Long, Retention), idempotency.OutcomeClaimed)
+	if err := s.Complete(t.Context(), probe, p.Fence, sampleResponse(), Retention); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the probe to expire", func() bool {
+		if err := s.Renew(t.Context(), k, own.Fence, Retention); err != nil {
+			t.Fatalf("Renew of a live claim: %v", err)
+		}
+		res, err := s.Claim(t.Context(), claimOf(probe, fp("q"), Long, Long))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Outcome == idempotency.OutcomeClaimed
+	})
+	if err := s.Renew(t.Context(), k, own.Fence, Retention); err != nil {
+		t.Fatalf("Renew past the first retention: %v", err)
+	}
+	mustClaim(t, s, claimOf(k, fp("other"), Long, Long), idempotency.OutcomeMismatch)
+	mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeInProgress)
 }

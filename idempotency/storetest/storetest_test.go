@@ -51,7 +51,15 @@ func TestSuiteCatchesBrokenStores(t *testing.T) {
 		// Claims get no lease: a retry takes over a running request, and
 		// racing claims all win.
 		{"nolease", []string{"CompleteWithStaleFence", "ConcurrentClaimsOneWinner", "ConcurrentTakeoverOneWinner",
-			"DistinctKeysIndependent", "InProgressWhileLeased", "LeaseExpiryTakeover", "Purge", "ReleaseThenReclaim"}},
+			"DistinctKeysIndependent", "InProgressWhileLeased", "LeaseExpiryTakeover", "Purge", "ReleaseThenReclaim",
+			"RenewExtendsRetention", "RenewFencedByToken", "RenewKeepsKeyPastLease"}},
+		// Renew says yes to its owner and extends nothing: a long handler loses
+		// its key, and a completed key is "renewed".
+		{"norenew", []string{"RenewExtendsRetention", "RenewFencedByToken", "RenewKeepsKeyPastLease"}},
+		// Renew trusts any fence: a fenced-out owner keeps a key it lost.
+		{"renewanyfence", []string{"RenewFencedByToken", "RenewKeepsKeyPastLease"}},
+		// Renew brings back a lease that ran out.
+		{"renewexpired", []string{"RenewAfterLeaseRanOut"}},
 	}
 	for _, tt := range testCases {
 		t.Run(tt.defect, func(t *testing.T) {
@@ -85,6 +93,9 @@ func TestBrokenStore(t *testing.T) {
 		})
 	case "nolease":
 		storetest.Run(t, func(*testing.T) idempotency.Store { return noLeaseStore{idempotency.NewMemoryStore()} })
+	case "norenew", "renewanyfence", "renewexpired":
+		defect := os.Getenv("STORETEST_DEFECT")
+		storetest.Run(t, func(*testing.T) idempotency.Store { return newRenewDefect(defect) })
 	}
 }
 
@@ -125,4 +136,53 @@ type noLeaseStore struct{ *idempotency.MemoryStore }
 func (s noLeaseStore) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
 	c.Lease = 0
 	return s.MemoryStore.Claim(ctx, c)
+}
+
+// renewDefect is a MemoryStore whose Renew is broken in one way. It keeps
+// its own lease per key beside the MemoryStore's, as a store with a
+// separate lease table would.
+type renewDefect struct {
+	*idempotency.MemoryStore
+	defect string
+	mu     sync.Mutex
+	owner  map[idempotency.KeyHash]int64
+	until  map[idempotency.KeyHash]time.Time
+	lease  map[idempotency.KeyHash]time.Duration
+}
+
+func newRenewDefect(defect string) *renewDefect {
+	return &renewDefect{MemoryStore: idempotency.NewMemoryStore(), defect: defect,
+		owner: map[idempotency.KeyHash]int64{}, until: map[idempotency.KeyHash]time.Time{}, lease: map[idempotency.KeyHash]time.Duration{}}
+}
+
+func (s *renewDefect) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
+	res, err := s.MemoryStore.Claim(ctx, c)
+	if res.Fence != 0 {
+		s.mu.Lock()
+		s.owner[c.Key], s.until[c.Key], s.lease[c.Key] = res.Fence, time.Now().Add(c.Lease), c.Lease
+		s.mu.Unlock()
+	}
+	return res, err
+}
+
+func (s *renewDefect) Renew(ctx context.Context, k idempotency.KeyHash, fence int64, lease time.Duration) error {
+	s.mu.Lock()
+	owner, until := s.owner[k], s.until[k]
+	s.mu.Unlock()
+	switch s.defect {
+	case "norenew":
+		if owner != fence || !time.Now().Before(until) {
+			return idempotency.ErrFenced
+		}
+		return nil
+	case "renewanyfence":
+		fence = owner
+	case "renewexpired":
+		// Re-claim behind the MemoryStore's back when the lease ran out:
+		// the expired owner's renewal succeeds.
+		if owner == fence && !time.Now().Before(until) {
+			return nil
+		}
+	}
+	return s.MemoryStore.Renew(ctx, k, fence, lease)
 }

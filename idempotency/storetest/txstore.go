@@ -8,14 +8,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemkit/idem/idempotency"
 )
 
 // RunTx runs the suite of Run and, in addition, the transactional claim
-// (ModeTransactional): BeginClaim, CommitComplete, rollback, and racing
-// transactional claims that must not wait for each other.
+// (ModeTransactional): BeginClaim, ClaimTx.Commit and Rollback, racing
+// transactional claims that must not wait for each other, and a handler
+// statement that fails inside the claim's transaction. The last needs
+// PostgreSQL's SQL, as ClaimTx does.
 func RunTx(t *testing.T, newStore func(t *testing.T) idempotency.TxStore) {
 	t.Helper()
 	Run(t, func(t *testing.T) idempotency.Store { return newStore(t) })
@@ -28,6 +28,8 @@ func RunTx(t *testing.T, newStore func(t *testing.T) idempotency.TxStore) {
 		{"TxConcurrentClaimsOneWinnerNoWait", testTxConcurrent},
 		{"TxNotClaimedLeavesNoTx", testTxNotClaimed},
 		{"TxCommitFencedByTwoStepClaim", testTxFencedByTwoStep},
+		{"TxFailedStatementThen4xxIsStored", testTxFailedStatement4xx},
+		{"TxFailedStatementThenSuccessIsAborted", testTxFailedStatementSuccess},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -36,7 +38,7 @@ func RunTx(t *testing.T, newStore func(t *testing.T) idempotency.TxStore) {
 	}
 }
 
-func beginClaim(t *testing.T, s idempotency.TxStore, c idempotency.Claim, want idempotency.Outcome) (pgx.Tx, idempotency.ClaimResult) {
+func beginClaim(t *testing.T, s idempotency.TxStore, c idempotency.Claim, want idempotency.Outcome) (*idempotency.ClaimTx, idempotency.ClaimResult) {
 	t.Helper()
 	tx, res, err := s.BeginClaim(t.Context(), c)
 	rollbackAtEnd(t, tx)
@@ -60,7 +62,7 @@ func beginClaim(t *testing.T, s idempotency.TxStore, c idempotency.Claim, want i
 // rollbackAtEnd ends tx when the test ends, whatever happened: an open
 // transaction would hold its connection, and the store's pool could never
 // close. Rolling back a committed transaction does nothing.
-func rollbackAtEnd(t *testing.T, tx pgx.Tx) {
+func rollbackAtEnd(t *testing.T, tx *idempotency.ClaimTx) {
 	if tx != nil {
 		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 	}
@@ -68,9 +70,15 @@ func rollbackAtEnd(t *testing.T, tx pgx.Tx) {
 
 func testTxCommit(t *testing.T, s idempotency.TxStore) {
 	k := newKey(t)
-	tx, r := beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeClaimed)
-	if err := s.CommitComplete(t.Context(), tx, k, r.Fence, sampleResponse(), Long); err != nil {
+	tx, _ := beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeClaimed)
+	if err := tx.Tx().Commit(t.Context()); !errors.Is(err, idempotency.ErrTxOwned) {
+		t.Fatalf("the claim's own pgx.Tx Commit: %v, want ErrTxOwned (only ClaimTx.Commit ends it)", err)
+	}
+	if err := tx.Commit(t.Context(), sampleResponse(), Long); err != nil {
 		t.Fatal(err)
+	}
+	if err := tx.Commit(t.Context(), sampleResponse(), Long); err == nil {
+		t.Fatal("a second Commit of one ClaimTx succeeded")
 	}
 	got := mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
 	sameResponse(t, got.Response, sampleResponse())
@@ -108,8 +116,7 @@ func testTxConcurrent(t *testing.T, s idempotency.TxStore) {
 	var (
 		mu     sync.Mutex
 		counts = map[idempotency.Outcome]int{}
-		won    []pgx.Tx
-		fence  int64
+		won    []*idempotency.ClaimTx
 		errs   []error
 		wg     sync.WaitGroup
 	)
@@ -127,7 +134,6 @@ func testTxConcurrent(t *testing.T, s idempotency.TxStore) {
 			counts[res.Outcome]++
 			if tx != nil {
 				won = append(won, tx)
-				fence = res.Fence
 			}
 		})
 	}
@@ -139,7 +145,7 @@ func testTxConcurrent(t *testing.T, s idempotency.TxStore) {
 	if len(won) != 1 || counts[idempotency.OutcomeClaimed] != 1 || counts[idempotency.OutcomeInProgress] != Racers-1 {
 		t.Fatalf("%d racing transactional claims: %v with %d open transactions, want exactly 1 claimed and %d in progress", Racers, counts, len(won), Racers-1)
 	}
-	if err := s.CommitComplete(ctx, won[0], k, fence, sampleResponse(), Long); err != nil {
+	if err := won[0].Commit(ctx, sampleResponse(), Long); err != nil {
 		t.Fatal(err)
 	}
 	mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
@@ -161,7 +167,7 @@ func testTxNotClaimed(t *testing.T, s idempotency.TxStore) {
 // writes) and the two-step owner's result stands.
 func testTxFencedByTwoStep(t *testing.T, s idempotency.TxStore) {
 	k := newKey(t)
-	tx, r := beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeClaimed)
+	tx, _ := beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeClaimed)
 	res, err := s.Claim(t.Context(), claimOf(k, fp("a"), Long, Long))
 	if err != nil {
 		t.Fatal(err)
@@ -170,7 +176,7 @@ func testTxFencedByTwoStep(t *testing.T, s idempotency.TxStore) {
 	case idempotency.OutcomeInProgress:
 		// The store makes two-step claims see the open transaction: the
 		// transactional owner keeps the key.
-		if err := s.CommitComplete(t.Context(), tx, k, r.Fence, sampleResponse(), Long); err != nil {
+		if err := tx.Commit(t.Context(), sampleResponse(), Long); err != nil {
 			t.Fatalf("CommitComplete: %v", err)
 		}
 		mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
@@ -179,7 +185,7 @@ func testTxFencedByTwoStep(t *testing.T, s idempotency.TxStore) {
 		if err := s.Complete(t.Context(), k, res.Fence, other, Long); err != nil {
 			t.Fatalf("two-step Complete: %v", err)
 		}
-		if err := s.CommitComplete(t.Context(), tx, k, r.Fence, sampleResponse(), Long); !errors.Is(err, idempotency.ErrFenced) {
+		if err := tx.Commit(t.Context(), sampleResponse(), Long); !errors.Is(err, idempotency.ErrFenced) {
 			t.Fatalf("CommitComplete after a two-step owner completed: %v, want ErrFenced", err)
 		}
 		got := mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
@@ -187,4 +193,37 @@ func testTxFencedByTwoStep(t *testing.T, s idempotency.TxStore) {
 	default:
 		t.Fatalf("two-step Claim while a transactional claim is open: %s, want claimed or in_progress", res.Outcome)
 	}
+}
+
+// testTxFailedStatement4xx: a statement that fails in the claim's
+// transaction (here a division by zero; in a handler, a unique violation)
+// aborts it in PostgreSQL. The handler then answers a definitive 4xx: that
+// answer is stored and replayed, the handler's writes are not kept.
+func testTxFailedStatement4xx(t *testing.T, s idempotency.TxStore) {
+	k := newKey(t)
+	tx, _ := beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeClaimed)
+	if _, err := tx.Tx().Exec(t.Context(), "SELECT 1/0"); err == nil {
+		t.Fatal("SELECT 1/0 succeeded")
+	}
+	conflict := &idempotency.Response{Status: http.StatusConflict, Header: http.Header{}, Body: []byte(`{"error":"taken"}`)}
+	if err := tx.Commit(t.Context(), conflict, Long); err != nil {
+		t.Fatalf("Commit of a 409 after a failed statement: %v, want it stored", err)
+	}
+	got := mustClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeCompleted)
+	sameResponse(t, got.Response, conflict)
+}
+
+// testTxFailedStatementSuccess: a success over an aborted transaction
+// would be a success without its writes: ErrTxAborted, and nothing is
+// left, so the key is free.
+func testTxFailedStatementSuccess(t *testing.T, s idempotency.TxStore) {
+	k := newKey(t)
+	tx, _ := beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeClaimed)
+	if _, err := tx.Tx().Exec(t.Context(), "SELECT 1/0"); err == nil {
+		t.Fatal("SELECT 1/0 succeeded")
+	}
+	if err := tx.Commit(t.Context(), sampleResponse(), Long); !errors.Is(err, idempotency.ErrTxAborted) {
+		t.Fatalf("Commit of a 201 after a failed statement: %v, want ErrTxAborted", err)
+	}
+	mustClaim(t, s, claimOf(k, fp("b"), Long, Long), idempotency.OutcomeClaimed)
 }

@@ -115,6 +115,18 @@ SET state = 'completed',
     expires_at = now() + make_interval(secs => @retention_s::float8)
 WHERE key_hash = @key_hash::bytea AND fence = @fence::bigint AND state = 'claimed';
 
+-- name: Renew :execrows
+-- The heartbeat of a two-step claim: extends a live lease of the fence's
+-- owner to lease_s from now (database time), and the record's retention to
+-- at least the same end, so that the record cannot expire under a claim
+-- that is still renewed. A lease that has run out is not renewed, even if
+-- nobody took the key over yet: its owner's context has ended by then.
+UPDATE idempotency_key
+SET locked_until = now() + make_interval(secs => @lease_s::float8),
+    expires_at = GREATEST(expires_at, now() + make_interval(secs => @lease_s::float8))
+WHERE key_hash = @key_hash::bytea AND fence = @fence::bigint
+  AND state = 'claimed' AND locked_until > now();
+
 -- name: Release :execrows
 UPDATE idempotency_key
 SET state = 'released', locked_until = NULL

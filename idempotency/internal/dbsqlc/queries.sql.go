@@ -190,6 +190,33 @@ func (q *Queries) Release(ctx context.Context, arg ReleaseParams) (int64, error)
 	return result.RowsAffected(), nil
 }
 
+const renew = `-- name: Renew :execrows
+UPDATE idempotency_key
+SET locked_until = now() + make_interval(secs => $1::float8),
+    expires_at = GREATEST(expires_at, now() + make_interval(secs => $1::float8))
+WHERE key_hash = $2::bytea AND fence = $3::bigint
+  AND state = 'claimed' AND locked_until > now()
+`
+
+type RenewParams struct {
+	LeaseS  float64
+	KeyHash []byte
+	Fence   int64
+}
+
+// The heartbeat of a two-step claim: extends a live lease of the fence's
+// owner to lease_s from now (database time), and the record's retention to
+// at least the same end, so that the record cannot expire under a claim
+// that is still renewed. A lease that has run out is not renewed, even if
+// nobody took the key over yet: its owner's context has ended by then.
+func (q *Queries) Renew(ctx context.Context, arg RenewParams) (int64, error) {
+	result, err := q.db.Exec(ctx, renew, arg.LeaseS, arg.KeyHash, arg.Fence)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const txComplete = `-- name: TxComplete :one
 WITH done AS (
     INSERT INTO idempotency_key AS k (key_hash, fingerprint, state, locked_until,

@@ -103,8 +103,9 @@ func (m *Metrics) Handler(cfg ScrapeConfig) http.Handler {
 }
 
 // IdempotencyHook is idempotency.Config.Hook.
-func (m *Metrics) IdempotencyHook(_ context.Context, e idempotency.Event) {
+func (m *Metrics) IdempotencyHook(ctx context.Context, e idempotency.Event) context.Context {
 	m.idem.WithLabelValues(string(e.Kind)).Inc()
+	return ctx
 }
 
 // InboxDuplicate returns a counter function for consumer's skipped
