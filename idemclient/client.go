@@ -3,26 +3,24 @@ package idemclient
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
-)
 
-// Header names of the idempotency contract.
-const (
-	HeaderKey      = "Idempotency-Key"
-	HeaderReplayed = "Idempotent-Replayed"
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/backoff"
 )
 
 // Defaults for Config.
 const (
 	MaxAttemptsDefault   = 5
-	BaseDelayDefault     = 100 * time.Millisecond
-	MaxDelayDefault      = 10 * time.Second
+	BackoffMinDefault    = 100 * time.Millisecond
+	BackoffMaxDefault    = 10 * time.Second
 	MaxRetryAfterDefault = time.Minute
 )
 
@@ -35,14 +33,15 @@ type Config struct {
 	// MaxAttempts caps the attempts of one Do call, the first included.
 	// Defaults to MaxAttemptsDefault (5).
 	MaxAttempts int
-	// BaseDelay is the backoff ceiling before the second attempt; it
-	// doubles per attempt up to MaxDelay, and the actual wait is drawn
-	// uniformly from [0, ceiling) ("full jitter"), so that clients that
-	// failed together do not retry together. Defaults to BaseDelayDefault
-	// (100ms).
-	BaseDelay time.Duration
-	// MaxDelay caps the backoff ceiling. Defaults to MaxDelayDefault (10s).
-	MaxDelay time.Duration
+	// BackoffMin is the backoff ceiling after the first failed attempt; it
+	// doubles per attempt up to BackoffMax, and the wait is drawn uniformly
+	// from [0, ceiling] (full jitter, internal/backoff), so that clients
+	// that failed together do not retry together. Defaults to
+	// BackoffMinDefault (100ms).
+	BackoffMin time.Duration
+	// BackoffMax caps the backoff ceiling. Defaults to BackoffMaxDefault
+	// (10s).
+	BackoffMax time.Duration
 	// MaxRetryAfter is the longest Retry-After this client waits for; a
 	// longer one ends Do with ErrRetryAfterTooLong. Defaults to
 	// MaxRetryAfterDefault (1m).
@@ -51,13 +50,17 @@ type Config struct {
 	// with a key, but a 500 is often a deterministic bug that a retry only
 	// repeats. Defaults to false.
 	Retry500 bool
-	// OnRetry, when set, is called before each wait with the attempt that
-	// just failed (1-based), its error and the wait. For logs and metrics;
-	// it must not block. Defaults to nil.
-	OnRetry func(attempt int, err error, wait time.Duration)
+	// Hook, when set, is called for every Event of a Do call, for tracing,
+	// metrics and logs, synchronously; it must be fast and safe for
+	// concurrent use. For EventAttemptBegin the context it returns becomes
+	// the attempt's (the request sent carries it: a tracer's client span);
+	// for other kinds it is ignored. Events never carry the key or a body.
+	// Defaults to nil.
+	Hook func(ctx context.Context, e Event) context.Context
 }
 
-func (c *Config) withDefaults() Config {
+// newConfig fills in the defaults, then validates the result.
+func newConfig(c *Config) (Config, error) {
 	var cfg Config
 	if c != nil {
 		cfg = *c
@@ -65,28 +68,30 @@ func (c *Config) withDefaults() Config {
 	if cfg.MaxAttempts == 0 {
 		cfg.MaxAttempts = MaxAttemptsDefault
 	}
-	if cfg.BaseDelay == 0 {
-		cfg.BaseDelay = BaseDelayDefault
+	if cfg.BackoffMin == 0 {
+		cfg.BackoffMin = BackoffMinDefault
 	}
-	if cfg.MaxDelay == 0 {
-		cfg.MaxDelay = MaxDelayDefault
+	if cfg.BackoffMax == 0 {
+		cfg.BackoffMax = BackoffMaxDefault
 	}
 	if cfg.MaxRetryAfter == 0 {
 		cfg.MaxRetryAfter = MaxRetryAfterDefault
 	}
-	return cfg
+	return cfg, cfg.validate()
 }
 
+// validate checks a filled config; the error wraps ErrInvalidConfig and
+// names the field.
 func (c *Config) validate() error {
 	switch {
 	case c.MaxAttempts < 1:
-		return fmt.Errorf("idemclient: Config.MaxAttempts %d is not positive", c.MaxAttempts)
-	case c.BaseDelay < 0:
-		return fmt.Errorf("idemclient: Config.BaseDelay %v is negative", c.BaseDelay)
-	case c.MaxDelay < c.BaseDelay:
-		return fmt.Errorf("idemclient: Config.MaxDelay %v is below BaseDelay %v", c.MaxDelay, c.BaseDelay)
+		return fmt.Errorf("%w: MaxAttempts %d is not positive", ErrInvalidConfig, c.MaxAttempts)
+	case c.BackoffMin < 0:
+		return fmt.Errorf("%w: BackoffMin %v is negative", ErrInvalidConfig, c.BackoffMin)
+	case c.BackoffMax < c.BackoffMin:
+		return fmt.Errorf("%w: BackoffMax %v is below BackoffMin %v", ErrInvalidConfig, c.BackoffMax, c.BackoffMin)
 	case c.MaxRetryAfter < 0:
-		return fmt.Errorf("idemclient: Config.MaxRetryAfter %v is negative", c.MaxRetryAfter)
+		return fmt.Errorf("%w: MaxRetryAfter %v is negative", ErrInvalidConfig, c.MaxRetryAfter)
 	}
 	return nil
 }
@@ -94,22 +99,24 @@ func (c *Config) validate() error {
 // Client sends requests with one Idempotency-Key across all attempts. It is
 // safe for concurrent use.
 type Client struct {
-	hc  *http.Client
-	cfg Config
+	hc      *http.Client
+	cfg     Config
+	backoff backoff.Policy
 }
 
 // New wraps hc (nil means http.DefaultClient). Give hc no Timeout, or one
 // per attempt: the request's context bounds the whole call, retries and
-// waits included. A nil cfg means all defaults.
+// waits included. A nil cfg means all defaults; a bad one is an error
+// wrapping ErrInvalidConfig that names the field.
 func New(hc *http.Client, cfg *Config) (*Client, error) {
 	if hc == nil {
 		hc = http.DefaultClient
 	}
-	c := cfg.withDefaults()
-	if err := c.validate(); err != nil {
+	c, err := newConfig(cfg)
+	if err != nil {
 		return nil, err
 	}
-	return &Client{hc: hc, cfg: c}, nil
+	return &Client{hc: hc, cfg: c, backoff: backoff.Policy{Min: c.BackoffMin, Max: c.BackoffMax}}, nil
 }
 
 // CloseIdleConnections closes the idle keep-alive connections of the
@@ -152,63 +159,98 @@ func (c *Client) Do(req *http.Request, key string) (*Response, error) {
 		return nil, err
 	}
 
-	fail := func(attempts int, last, cause error) error {
-		return &Error{Method: methodOrGet(req.Method), URL: req.URL.Redacted(), Key: key, Attempts: attempts, Err: last, Cause: cause}
+	method := methodOrGet(req.Method)
+	start := time.Now()
+	fail := func(attempts int, last, cause error, reason Reason) error {
+		status := 0
+		var se *StatusError
+		if errors.As(last, &se) {
+			status = se.StatusCode
+		}
+		c.hook(ctx, Event{Kind: EventGaveUp, Method: method, Attempt: attempts, Reason: reason, Status: status, Elapsed: time.Since(start), Err: last, Cause: cause})
+		return &Error{Method: method, URL: req.URL.Redacted(), Key: key, Attempts: attempts, Err: last, Cause: cause}
 	}
 	for attempt := 1; ; attempt++ {
-		areq, err := c.attemptRequest(req, key, attempt)
+		actx := idem.CallHook(c.cfg.Hook, ctx, Event{Kind: EventAttemptBegin, Method: method, Attempt: attempt})
+		areq, err := c.attemptRequest(actx, req, key, attempt)
 		if err != nil {
-			return nil, fail(attempt-1, err, nil)
+			return nil, fail(attempt-1, err, nil, ReasonDefinitive)
 		}
+		sent := time.Now()
 		resp, err := c.hc.Do(areq)
+		ev := Event{Kind: EventAttempt, Method: method, Attempt: attempt}
 		var retryAfter time.Duration
+		var reason Reason
 		if err == nil {
+			ev.Status = resp.StatusCode
 			if resp.StatusCode < 400 {
-				return &Response{Response: resp, Replayed: resp.Header.Get(HeaderReplayed) == "true", Attempts: attempt}, nil
+				ev.Elapsed = time.Since(sent)
+				c.hook(actx, ev)
+				replayed := resp.Header.Get(idem.HeaderReplayed) == "true"
+				if replayed {
+					c.hook(ctx, Event{Kind: EventReplayed, Method: method, Attempt: attempt, Status: resp.StatusCode, Elapsed: time.Since(start)})
+				}
+				return &Response{Response: resp, Replayed: replayed, Attempts: attempt}, nil
 			}
 			se := readStatusError(resp)
 			retryAfter = se.RetryAfter
 			err = se
-			if !(retryableStatus(se.StatusCode, se.Code) || c.cfg.Retry500 && se.StatusCode == http.StatusInternalServerError) {
-				return nil, fail(attempt, err, nil)
-			}
-		} else if ctx.Err() != nil {
+			reason = classify(se, c.cfg.Retry500)
+		} else if IsRetryable(err) {
+			reason = ReasonTransport
+		} else {
+			reason = ReasonDefinitive
+		}
+		ev.Reason, ev.Err, ev.Elapsed = reason, err, time.Since(sent)
+		c.hook(actx, ev)
+		switch {
+		case ev.Status != 0 && reason == ReasonDefinitive:
+			return nil, fail(attempt, err, nil, reason)
+		case ev.Status == 0 && ctx.Err() != nil:
 			// The transport error is the context ending mid-attempt.
-			return nil, fail(attempt, err, context.Cause(ctx))
-		} else if !IsRetryable(err) {
-			return nil, fail(attempt, err, nil)
+			return nil, fail(attempt, err, context.Cause(ctx), reason)
+		case reason == ReasonDefinitive:
+			return nil, fail(attempt, err, nil, reason)
+		case attempt >= c.cfg.MaxAttempts:
+			return nil, fail(attempt, err, ErrAttemptsExhausted, reason)
+		case retryAfter > c.cfg.MaxRetryAfter:
+			return nil, fail(attempt, err, ErrRetryAfterTooLong, reason)
 		}
-
-		if attempt >= c.cfg.MaxAttempts {
-			return nil, fail(attempt, err, ErrAttemptsExhausted)
-		}
-		if retryAfter > c.cfg.MaxRetryAfter {
-			return nil, fail(attempt, err, ErrRetryAfterTooLong)
-		}
-		wait := max(c.backoff(attempt), retryAfter)
+		wait := max(c.backoff.Delay(attempt), retryAfter)
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
 			// Sleeping past the deadline only to fail then would hold the
 			// caller for nothing.
-			return nil, fail(attempt, err, context.DeadlineExceeded)
+			return nil, fail(attempt, err, context.DeadlineExceeded, reason)
 		}
-		if c.cfg.OnRetry != nil {
-			c.cfg.OnRetry(attempt, err, wait)
-		}
+		c.hook(ctx, Event{Kind: EventRetry, Method: method, Attempt: attempt, Reason: reason, Status: ev.Status, Wait: wait, Err: err})
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fail(attempt, err, context.Cause(ctx))
+			return nil, fail(attempt, err, context.Cause(ctx), reason)
 		case <-t.C:
 		}
 	}
+}
+
+func (c *Client) hook(ctx context.Context, e Event) { idem.CallHook(c.cfg.Hook, ctx, e) }
+
+// classify tells why a failed status is retried, or that it is not.
+func classify(se *StatusError, retry500 bool) Reason {
+	switch {
+	case se.StatusCode == http.StatusConflict && se.Code == idem.CodeKeyInProgress:
+		return ReasonInProgress
+	case retryableStatus(se.StatusCode, se.Code), retry500 && se.StatusCode == http.StatusInternalServerError:
+		return ReasonStatus
+	}
+	return ReasonDefinitive
 }
 
 // checkRequest settles the key (the argument, else the request's header)
 // and refuses what must not be sent: an unsafe method without a key, an
 // invalid key, a body that a retry could not replay.
 func checkRequest(req *http.Request, key *string) error {
-	if hk := req.Header.Get(HeaderKey); *key == "" {
+	if hk := req.Header.Get(idem.HeaderKey); *key == "" {
 		*key = hk
 	} else if hk != "" && hk != *key {
 		return fmt.Errorf("%w: argument %q differs from the request header %q", ErrKeyInvalid, *key, hk)
@@ -217,8 +259,8 @@ func checkRequest(req *http.Request, key *string) error {
 		if !safeMethod(req.Method) {
 			return fmt.Errorf("%w: %s %s", ErrKeyRequired, methodOrGet(req.Method), req.URL.Redacted())
 		}
-	} else if err := ValidateKey(*key); err != nil {
-		return err
+	} else if err := idem.ValidateKey(*key); err != nil {
+		return fmt.Errorf("%w: %s", ErrKeyInvalid, strings.TrimPrefix(err.Error(), idem.ErrKeyInvalid.Error()+": "))
 	}
 	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
 		return fmt.Errorf("%w: %s %s", ErrBodyNotReplayable, methodOrGet(req.Method), req.URL.Redacted())
@@ -226,14 +268,14 @@ func checkRequest(req *http.Request, key *string) error {
 	return nil
 }
 
-// attemptRequest returns the request for one attempt: the caller's for the
-// first (with the key header set on a clone), and a clone with a fresh body
-// from GetBody for the next ones, since the transport consumed and closed
-// the previous body.
-func (c *Client) attemptRequest(req *http.Request, key string, attempt int) (*http.Request, error) {
-	areq := req.Clone(req.Context())
+// attemptRequest returns the request for one attempt, on the attempt's
+// context: a clone of the caller's with the key header set, with the
+// caller's body for the first attempt and a fresh one from GetBody for the
+// next ones, since the transport consumed and closed the previous body.
+func (c *Client) attemptRequest(ctx context.Context, req *http.Request, key string, attempt int) (*http.Request, error) {
+	areq := req.Clone(ctx)
 	if key != "" {
-		areq.Header.Set(HeaderKey, key)
+		areq.Header.Set(idem.HeaderKey, key)
 	}
 	if attempt > 1 && req.GetBody != nil {
 		body, err := req.GetBody()
@@ -243,20 +285,6 @@ func (c *Client) attemptRequest(req *http.Request, key string, attempt int) (*ht
 		areq.Body = body
 	}
 	return areq, nil
-}
-
-// backoff is the full-jitter wait after the failed attempt n (1-based):
-// uniform in [0, min(MaxDelay, BaseDelay·2^(n-1))).
-func (c *Client) backoff(n int) time.Duration {
-	ceiling := c.cfg.BaseDelay
-	for i := 1; i < n && ceiling < c.cfg.MaxDelay; i++ {
-		ceiling *= 2
-	}
-	ceiling = min(ceiling, c.cfg.MaxDelay)
-	if ceiling <= 0 {
-		return 0
-	}
-	return rand.N(ceiling)
 }
 
 func safeMethod(m string) bool {
@@ -281,7 +309,7 @@ func readStatusError(resp *http.Response) *StatusError {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, errorBodyLimit))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, errorBodyLimit))
 	se := &StatusError{StatusCode: resp.StatusCode, Body: body, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
-	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "application/problem+json" {
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == idem.ProblemContentType {
 		var p struct {
 			Code   string `json:"code"`
 			Title  string `json:"title"`

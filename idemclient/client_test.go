@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemclient"
 )
 
@@ -87,7 +89,7 @@ func drop(w http.ResponseWriter, r *http.Request) {
 
 // fastConfig keeps retry waits in the microseconds so that tests are quick.
 func fastConfig() *idemclient.Config {
-	return &idemclient.Config{MaxAttempts: 5, BaseDelay: time.Microsecond, MaxDelay: 10 * time.Microsecond}
+	return &idemclient.Config{MaxAttempts: 5, BackoffMin: time.Microsecond, BackoffMax: 10 * time.Microsecond}
 }
 
 func newClient(t *testing.T, cfg *idemclient.Config) *idemclient.Client {
@@ -111,7 +113,7 @@ func post(t *testing.T, ctx context.Context, url, body string) *http.Request {
 
 func TestSameKeyAndBodyOnEveryAttempt(t *testing.T) {
 	t.Parallel()
-	s := newScript(t, status(503), problem(409, idemclient.CodeInProgress, ""), status(502), created)
+	s := newScript(t, status(503), problem(409, idem.CodeKeyInProgress, ""), status(502), created)
 	c := newClient(t, fastConfig())
 
 	resp, err := c.Do(post(t, t.Context(), s.srv.URL, `{"amount_kopecks":100}`), "o-1:charge:r-1")
@@ -140,15 +142,15 @@ func TestRetryRules(t *testing.T) {
 		wantStatus   int
 		wantCode     string
 	}{
-		{"409 in progress", problem(409, idemclient.CodeInProgress, ""), false, 2, 0, ""},
-		{"409 reused is definitive", problem(409, idemclient.CodeReused, ""), false, 1, 409, idemclient.CodeReused},
+		{"409 in progress", problem(409, idem.CodeKeyInProgress, ""), false, 2, 0, ""},
+		{"409 reused is definitive", problem(409, idem.CodeKeyReused, ""), false, 1, 409, idem.CodeKeyReused},
 		{"409 without problem code", status(409), false, 1, 409, ""},
 		{"409 in-progress code but not problem+json", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(409)
 			io.WriteString(w, `{"code":"IDEMPOTENCY_KEY_IN_PROGRESS"}`)
 		}, false, 1, 409, ""},
-		{"422 reused", problem(422, idemclient.CodeReused, ""), false, 1, 422, idemclient.CodeReused},
+		{"422 reused", problem(422, idem.CodeKeyReused, ""), false, 1, 422, idem.CodeKeyReused},
 		{"429", status(429), false, 2, 0, ""},
 		{"502", status(502), false, 2, 0, ""},
 		{"503", status(503), false, 2, 0, ""},
@@ -198,10 +200,15 @@ func TestRetryRules(t *testing.T) {
 
 func TestRetryAfterIsHonoured(t *testing.T) {
 	t.Parallel()
-	s := newScript(t, problem(409, idemclient.CodeInProgress, "1"), created)
+	s := newScript(t, problem(409, idem.CodeKeyInProgress, "1"), created)
 	var waits []time.Duration
 	cfg := fastConfig()
-	cfg.OnRetry = func(_ int, _ error, wait time.Duration) { waits = append(waits, wait) }
+	cfg.Hook = func(ctx context.Context, e idemclient.Event) context.Context {
+		if e.Kind == idemclient.EventRetry {
+			waits = append(waits, e.Wait)
+		}
+		return ctx
+	}
 	c := newClient(t, cfg)
 
 	resp, err := c.Do(post(t, t.Context(), s.srv.URL, "{}"), "k")
@@ -226,7 +233,7 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 
 func TestRetryAfterBeyondLimitStops(t *testing.T) {
 	t.Parallel()
-	s := newScript(t, problem(409, idemclient.CodeInProgress, "3600"), created)
+	s := newScript(t, problem(409, idem.CodeKeyInProgress, "3600"), created)
 	cfg := fastConfig()
 	cfg.MaxRetryAfter = time.Second
 	c := newClient(t, cfg)
@@ -244,7 +251,7 @@ func TestContextDeadlineStopsRetries(t *testing.T) {
 	t.Run("deadline during backoff", func(t *testing.T) {
 		t.Parallel()
 		s := newScript(t, status(503))
-		c := newClient(t, &idemclient.Config{MaxAttempts: 1_000_000, BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond})
+		c := newClient(t, &idemclient.Config{MaxAttempts: 1_000_000, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond})
 		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 		defer cancel()
 		_, err := c.Do(post(t, ctx, s.srv.URL, "{}"), "k")
@@ -263,7 +270,7 @@ func TestContextDeadlineStopsRetries(t *testing.T) {
 	})
 	t.Run("Retry-After past the deadline is not waited for", func(t *testing.T) {
 		t.Parallel()
-		s := newScript(t, problem(409, idemclient.CodeInProgress, "30"), created)
+		s := newScript(t, problem(409, idem.CodeKeyInProgress, "30"), created)
 		c := newClient(t, fastConfig())
 		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 		defer cancel()
@@ -276,8 +283,13 @@ func TestContextDeadlineStopsRetries(t *testing.T) {
 		t.Parallel()
 		s := newScript(t, status(503))
 		ctx, cancel := context.WithCancel(t.Context())
-		c := newClient(t, &idemclient.Config{MaxAttempts: 10, BaseDelay: time.Hour, MaxDelay: time.Hour,
-			OnRetry: func(int, error, time.Duration) { cancel() }})
+		c := newClient(t, &idemclient.Config{MaxAttempts: 10, BackoffMin: time.Hour, BackoffMax: time.Hour,
+			Hook: func(ctx context.Context, e idemclient.Event) context.Context {
+				if e.Kind == idemclient.EventRetry {
+					cancel()
+				}
+				return ctx
+			}})
 		_, err := c.Do(post(t, ctx, s.srv.URL, "{}"), "k")
 		if !errors.Is(err, context.Canceled) || len(s.attempts()) != 1 {
 			t.Fatalf("err = %v after %d attempts, want context.Canceled after 1", err, len(s.attempts()))
@@ -415,17 +427,17 @@ func TestReplayedIsReported(t *testing.T) {
 
 func TestStatusErrorCarriesProblem(t *testing.T) {
 	t.Parallel()
-	s := newScript(t, problem(409, idemclient.CodeReused, ""))
+	s := newScript(t, problem(409, idem.CodeKeyReused, ""))
 	c := newClient(t, fastConfig())
 	_, err := c.Do(post(t, t.Context(), s.srv.URL, "{}"), "k")
 	var se *idemclient.StatusError
 	if !errors.As(err, &se) {
 		t.Fatalf("err = %v", err)
 	}
-	if se.Code != idemclient.CodeReused || se.Detail != "d-"+idemclient.CodeReused || !bytes.Contains(se.Body, []byte(`"code"`)) {
+	if se.Code != idem.CodeKeyReused || se.Detail != "d-"+idem.CodeKeyReused || !bytes.Contains(se.Body, []byte(`"code"`)) {
 		t.Errorf("StatusError = %+v", se)
 	}
-	for _, want := range []string{"POST", "409", idemclient.CodeReused, `"k"`, "1 attempt"} {
+	for _, want := range []string{"POST", "409", idem.CodeKeyReused, `"k"`, "1 attempt"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
@@ -485,8 +497,8 @@ func TestNewValidatesConfig(t *testing.T) {
 		want string
 	}{
 		{idemclient.Config{MaxAttempts: -1}, "MaxAttempts"},
-		{idemclient.Config{BaseDelay: -1}, "BaseDelay"},
-		{idemclient.Config{BaseDelay: time.Second, MaxDelay: time.Millisecond}, "MaxDelay"},
+		{idemclient.Config{BackoffMin: -1}, "BackoffMin"},
+		{idemclient.Config{BackoffMin: time.Second, BackoffMax: time.Millisecond}, "BackoffMax"},
 		{idemclient.Config{MaxRetryAfter: -1}, "MaxRetryAfter"},
 	}
 	for _, tt := range testCases {
@@ -510,8 +522,8 @@ func TestIsRetryable(t *testing.T) {
 		{idemclient.ErrKeyRequired, false},
 		{context.DeadlineExceeded, true},
 		{context.Canceled, true},
-		{&idemclient.StatusError{StatusCode: 409, Code: idemclient.CodeInProgress}, true},
-		{&idemclient.StatusError{StatusCode: 409, Code: idemclient.CodeReused}, false},
+		{&idemclient.StatusError{StatusCode: 409, Code: idem.CodeKeyInProgress}, true},
+		{&idemclient.StatusError{StatusCode: 409, Code: idem.CodeKeyReused}, false},
 		{&idemclient.StatusError{StatusCode: 409}, false},
 		{&idemclient.StatusError{StatusCode: 429}, true},
 		{&idemclient.StatusError{StatusCode: 500}, true},
@@ -527,3 +539,89 @@ func TestIsRetryable(t *testing.T) {
 		}
 	}
 }
+
+// TestHook: the hook sees every attempt from its begin to its end, the
+// retries between them with their reason and wait, and how the call
+// ended; the context it returns for an attempt's begin is the attempt's
+// request context (where a tracer's span goes), and no event carries the
+// key.
+func TestHook(t *testing.T) {
+	t.Parallel()
+	type attemptKey struct{}
+	replayed := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Idempotent-Replayed", "true")
+		created(w, r)
+	}
+	s := newScript(t, status(503), problem(409, idem.CodeKeyInProgress, ""), replayed, problem(409, idem.CodeKeyReused, ""))
+	var (
+		mu     sync.Mutex
+		events []idemclient.Event
+		seen   []any // the attempt context's value, as the transport saw it
+	)
+	cfg := fastConfig()
+	cfg.Hook = func(ctx context.Context, e idemclient.Event) context.Context {
+		mu.Lock()
+		events = append(events, e)
+		mu.Unlock()
+		if e.Kind == idemclient.EventAttemptBegin {
+			return context.WithValue(ctx, attemptKey{}, e.Attempt)
+		}
+		return ctx
+	}
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	hc := &http.Client{Transport: roundTripper(func(r *http.Request) (*http.Response, error) {
+		mu.Lock()
+		seen = append(seen, r.Context().Value(attemptKey{}))
+		mu.Unlock()
+		return tr.RoundTrip(r)
+	})}
+	c, err := idemclient.New(hc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = "secret-command-key"
+	resp, err := c.Do(post(t, t.Context(), s.srv.URL, "{}"), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if _, err := c.Do(post(t, t.Context(), s.srv.URL, "{}"), key); err == nil {
+		t.Fatal("the reused key succeeded")
+	}
+	type brief struct {
+		kind    idemclient.EventKind
+		attempt int
+		status  int
+		reason  idemclient.Reason
+	}
+	var got []brief
+	for _, e := range events {
+		got = append(got, brief{e.Kind, e.Attempt, e.Status, e.Reason})
+		if strings.Contains(fmt.Sprintf("%+v", e), key) {
+			t.Errorf("event %+v carries the key", e)
+		}
+		if e.Kind == idemclient.EventRetry && e.Wait < 0 {
+			t.Errorf("retry with a negative wait: %+v", e)
+		}
+		if e.Kind == idemclient.EventGaveUp && (e.Err == nil || e.Cause != nil) {
+			t.Errorf("gave up on a definitive 409 with Err %v, Cause %v; want the StatusError and no cause", e.Err, e.Cause)
+		}
+	}
+	want := []brief{
+		{idemclient.EventAttemptBegin, 1, 0, ""}, {idemclient.EventAttempt, 1, 503, idemclient.ReasonStatus}, {idemclient.EventRetry, 1, 503, idemclient.ReasonStatus},
+		{idemclient.EventAttemptBegin, 2, 0, ""}, {idemclient.EventAttempt, 2, 409, idemclient.ReasonInProgress}, {idemclient.EventRetry, 2, 409, idemclient.ReasonInProgress},
+		{idemclient.EventAttemptBegin, 3, 0, ""}, {idemclient.EventAttempt, 3, 201, ""}, {idemclient.EventReplayed, 3, 201, ""},
+		{idemclient.EventAttemptBegin, 1, 0, ""}, {idemclient.EventAttempt, 1, 409, idemclient.ReasonDefinitive}, {idemclient.EventGaveUp, 1, 409, idemclient.ReasonDefinitive},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("events\n got %v\nwant %v", got, want)
+	}
+	if fmt.Sprint(seen) != "[1 2 3 1]" {
+		t.Fatalf("attempt contexts the transport saw: %v, want [1 2 3 1]", seen)
+	}
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

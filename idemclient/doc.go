@@ -1,6 +1,10 @@
 // Package idemclient makes outgoing HTTP calls that keep one
-// Idempotency-Key across every retry: the seed article's "Исходящий
-// HTTP-запрос" and "Повторные попытки без идемпотентного ключа".
+// Idempotency-Key across every retry: the client half of the protocol whose
+// server half is package idempotency. A retry without the key that the
+// first attempt carried is a new operation to the server, and so a second
+// charge; a retry with it is a question the server answers from its store.
+// Header names, the key rule (idem.ValidateKey) and problem codes are
+// package idem's.
 //
 // # Guarantee
 //
@@ -25,14 +29,19 @@
 // out safe), 409 whose problem+json code is IDEMPOTENCY_KEY_IN_PROGRESS (the
 // first attempt is still running on the server), 429, 502, 503, 504, and
 // 500 if Config.Retry500 is set. Retry-After (seconds or an HTTP date) is a
-// minimum wait. Waits are exponential with full jitter: uniform in
-// [0, min(MaxDelay, BaseDelay·2^(n-1))). Never retried: any other 4xx,
-// notably 409 IDEMPOTENCY_KEY_REUSED (the key was sent with a different
-// body, a bug in the caller), 400 and 422.
+// minimum wait. Waits are exponential with full jitter (internal/backoff):
+// uniform in [0, min(BackoffMax, BackoffMin·2^(n-1))]. Never retried: any
+// other 4xx, notably 409 IDEMPOTENCY_KEY_REUSED (the key was sent with a
+// different body, a bug in the caller), 400 and 422.
 //
 // The request's context bounds everything: attempts and waits. A wait that
 // would end after the context's deadline is not started; Do returns at once
 // with an *Error whose Cause is context.DeadlineExceeded.
+//
+// Config.Hook sees every attempt (EventAttemptBegin, whose returned context
+// the attempt's request carries, then EventAttempt), every retry with its
+// Reason and wait, a replayed success and a call that gave up: what a
+// tracer or a retry metric needs, never the key.
 //
 // # What it does not guarantee
 //

@@ -11,20 +11,38 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem"
 )
+
+// sentinel is an error of this package that is also one of package idem's,
+// for errors.Is with either.
+type sentinel struct {
+	msg  string
+	base error
+}
+
+func (e *sentinel) Error() string { return e.msg }
+func (e *sentinel) Unwrap() error { return e.base }
+
+// ErrInvalidConfig is wrapped by every error of New about its Config; the
+// message names the field.
+var ErrInvalidConfig = errors.New("idemclient: invalid config")
 
 // Errors returned before anything is sent. None of them is retryable: the
 // request as given can never be sent safely.
 var (
 	// ErrKeyRequired: an unsafe method (anything but GET, HEAD, OPTIONS,
 	// TRACE) without an Idempotency-Key. Retrying such a request after a
-	// timeout is the article's double charge, and sending it once without
-	// a retry would silently give up the guarantee, so it is not sent at all.
-	ErrKeyRequired = errors.New("idemclient: unsafe method without an Idempotency-Key")
-	// ErrKeyInvalid: the key is empty, longer than MaxKeyLen, contains
-	// anything but visible ASCII, or differs from the request's own
-	// Idempotency-Key header.
-	ErrKeyInvalid = errors.New("idemclient: invalid Idempotency-Key")
+	// timeout may charge twice (the first may have arrived), and sending it
+	// once without a retry would silently give up the guarantee, so it is
+	// not sent at all. It is also idem.ErrKeyRequired.
+	ErrKeyRequired error = &sentinel{"idemclient: unsafe method without an Idempotency-Key", idem.ErrKeyRequired}
+	// ErrKeyInvalid: the key breaks idem's key rule (idem.ValidateKey:
+	// empty, longer than idem.MaxKeyLength, anything but visible ASCII) or
+	// differs from the request's own Idempotency-Key header. It is also
+	// idem.ErrKeyInvalid.
+	ErrKeyInvalid error = &sentinel{"idemclient: invalid Idempotency-Key", idem.ErrKeyInvalid}
 	// ErrBodyNotReplayable: the request has a body but no GetBody, so a
 	// second attempt could not send the same bytes. http.NewRequest sets
 	// GetBody for *bytes.Buffer, *bytes.Reader and *strings.Reader bodies.
@@ -105,26 +123,16 @@ func (e *StatusError) Error() string {
 	return s
 }
 
-// Problem codes of the idempotency contract (ARCHITECTURE.md) that change
-// what a retry means.
-const (
-	// CodeInProgress: another request with this key is being processed
-	// (409). Retrying later with the same key is the right thing to do.
-	CodeInProgress = "IDEMPOTENCY_KEY_IN_PROGRESS"
-	// CodeReused: this key was used with a different request body (409 or
-	// 422). Definitive: retrying cannot succeed.
-	CodeReused = "IDEMPOTENCY_KEY_REUSED"
-)
-
 // retryableStatus reports whether a response is worth another attempt
 // with the same key. 500 is decided by the caller (Config.Retry500).
 func retryableStatus(status int, code string) bool {
 	switch status {
 	case http.StatusConflict:
-		// Only the in-progress conflict: a reused key (409 with
-		// IDEMPOTENCY_KEY_REUSED) or any other conflict is the server's
-		// final word.
-		return code == CodeInProgress
+		// Only the in-progress conflict (idem.CodeKeyInProgress: the first
+		// attempt still runs): a reused key (idem.CodeKeyReused, a
+		// different body under the same key) or any other conflict is the
+		// server's final word.
+		return code == idem.CodeKeyInProgress
 	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true
 	}

@@ -7,7 +7,7 @@ import (
 
 func TestBackoffFullJitterBounds(t *testing.T) {
 	t.Parallel()
-	c, err := New(nil, &Config{BaseDelay: 10 * time.Millisecond, MaxDelay: 100 * time.Millisecond})
+	c, err := New(nil, &Config{BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -16,9 +16,9 @@ func TestBackoffFullJitterBounds(t *testing.T) {
 		ceiling := ms * time.Millisecond
 		lo, hi := ceiling, time.Duration(0)
 		for range 2000 {
-			d := c.backoff(n)
-			if d < 0 || d >= ceiling {
-				t.Fatalf("backoff(%d) = %v, outside [0, %v)", n, d, ceiling)
+			d := c.backoff.Delay(n)
+			if d < 0 || d > ceiling {
+				t.Fatalf("backoff(%d) = %v, outside [0, %v]", n, d, ceiling)
 			}
 			lo, hi = min(lo, d), max(hi, d)
 		}
@@ -26,7 +26,7 @@ func TestBackoffFullJitterBounds(t *testing.T) {
 		// around the ceiling: 2000 uniform draws land in the bottom and top
 		// tenth with probability 1 - 2·0.9^2000.
 		if lo > ceiling/10 || hi < ceiling*9/10 {
-			t.Errorf("backoff(%d) drew only [%v, %v] of [0, %v)", n, lo, hi, ceiling)
+			t.Errorf("backoff(%d) drew only [%v, %v] of [0, %v]", n, lo, hi, ceiling)
 		}
 	}
 }

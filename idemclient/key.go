@@ -4,19 +4,18 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"fmt"
 	"strings"
-)
 
-// MaxKeyLen is the longest Idempotency-Key this package sends or derives.
-const MaxKeyLen = 255
+	"github.com/idemkit/idem"
+)
 
 // hashedKeyPrefix starts every hashed key. '~' is outside the readable
 // alphabet of Key, so a hashed key can never equal a readable one.
 const hashedKeyPrefix = "sha256~"
 
-// Key derives a deterministic Idempotency-Key from the command's own data,
-// the article's order.ID + ":charge:" + requestID:
+// Key derives a deterministic Idempotency-Key from the command's own data:
+// what the command is about, what it does, and the request that asked for
+// it:
 //
 //	idemclient.Key(order.ID, "charge", cmd.RequestID) // "o-42:charge:r-7"
 //
@@ -27,13 +26,14 @@ const hashedKeyPrefix = "sha256~"
 //
 // The readable form, parts joined with ':', is used when every part is
 // non-empty and made only of ASCII letters, digits, '.', '_' and '-', and
-// the result fits in MaxKeyLen. Otherwise the key is "sha256~" followed by
-// the hex SHA-256 of the length-prefixed parts: still deterministic, 71
-// visible ASCII characters, and distinct parts never collide (("a:b","c")
-// and ("a","b:c") give different keys). The result is always a valid key.
+// the result fits in idem.MaxKeyLength. Otherwise the key is "sha256~"
+// followed by the hex SHA-256 of the length-prefixed parts: still
+// deterministic, 71 visible ASCII characters, and distinct parts never
+// collide (("a:b","c") and ("a","b:c") give different keys). The result
+// always passes idem.ValidateKey.
 func Key(parts ...string) string {
 	if readable(parts) {
-		if k := strings.Join(parts, ":"); len(k) <= MaxKeyLen {
+		if k := strings.Join(parts, ":"); len(k) <= idem.MaxKeyLength {
 			return k
 		}
 	}
@@ -62,23 +62,4 @@ func readable(parts []string) bool {
 		}
 	}
 	return true
-}
-
-// ValidateKey reports whether key can be sent as an Idempotency-Key: 1 to
-// MaxKeyLen characters of visible ASCII (0x21–0x7E), the same rule the
-// idempotency middleware applies on the receiving side. The error wraps
-// ErrKeyInvalid.
-func ValidateKey(key string) error {
-	if key == "" {
-		return fmt.Errorf("%w: empty", ErrKeyInvalid)
-	}
-	if len(key) > MaxKeyLen {
-		return fmt.Errorf("%w: %d bytes, longer than %d", ErrKeyInvalid, len(key), MaxKeyLen)
-	}
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x21 || c > 0x7e {
-			return fmt.Errorf("%w: byte %#x at %d is not visible ASCII", ErrKeyInvalid, c, i)
-		}
-	}
-	return nil
 }

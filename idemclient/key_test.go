@@ -4,13 +4,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemclient"
 )
 
 func TestKey(t *testing.T) {
 	t.Parallel()
 	if got := idemclient.Key("o-42", "charge", "r-7"); got != "o-42:charge:r-7" {
-		t.Errorf("Key = %q, want the article's readable form o-42:charge:r-7", got)
+		t.Errorf("Key = %q, want the readable form o-42:charge:r-7", got)
 	}
 	hashed := []struct {
 		name  string
@@ -30,7 +31,7 @@ func TestKey(t *testing.T) {
 		if !strings.HasPrefix(k, "sha256~") || len(k) != 71 {
 			t.Errorf("%s: Key = %q, want the hashed form", tt.name, k)
 		}
-		if err := idemclient.ValidateKey(k); err != nil {
+		if err := idem.ValidateKey(k); err != nil {
 			t.Errorf("%s: %v", tt.name, err)
 		}
 		if k != idemclient.Key(tt.parts...) {
@@ -54,12 +55,12 @@ func TestKey(t *testing.T) {
 func TestValidateKey(t *testing.T) {
 	t.Parallel()
 	for _, good := range []string{"a", "o-1:charge:r-1", strings.Repeat("~", 255), "!\"#$%&'()*+,-./"} {
-		if err := idemclient.ValidateKey(good); err != nil {
+		if err := idem.ValidateKey(good); err != nil {
 			t.Errorf("ValidateKey(%q) = %v", good, err)
 		}
 	}
 	for _, bad := range []string{"", " ", "a b", strings.Repeat("x", 256), "é", "a\x7f", "a\n"} {
-		if err := idemclient.ValidateKey(bad); err == nil {
+		if err := idem.ValidateKey(bad); err == nil {
 			t.Errorf("ValidateKey(%q) = nil", bad)
 		}
 	}
@@ -71,7 +72,7 @@ func FuzzKey(f *testing.F) {
 	f.Add(strings.Repeat("z", 300), "ключ")
 	f.Fuzz(func(t *testing.T, a, b string) {
 		k := idemclient.Key(a, b)
-		if err := idemclient.ValidateKey(k); err != nil {
+		if err := idem.ValidateKey(k); err != nil {
 			t.Fatalf("Key(%q, %q) = %q: %v", a, b, k, err)
 		}
 		if k != idemclient.Key(a, b) {
@@ -87,7 +88,7 @@ func FuzzValidateKey(f *testing.F) {
 	f.Add("o-1:charge:r-1")
 	f.Add("")
 	f.Fuzz(func(t *testing.T, k string) {
-		err := idemclient.ValidateKey(k)
+		err := idem.ValidateKey(k)
 		ok := len(k) >= 1 && len(k) <= 255 && strings.IndexFunc(k, func(r rune) bool { return r < 0x21 || r > 0x7e }) < 0
 		if (err == nil) != ok {
 			t.Fatalf("ValidateKey(%q) = %v, want ok=%v", k, err, ok)

@@ -2,8 +2,6 @@ package idempotency_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -12,12 +10,8 @@ import (
 	"net/http/httptest"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/internal/testdb"
-	"github.com/idemkit/idem/migrate"
 )
 
 // The middleware over the in-memory store (two-step mode): the second POST
@@ -60,8 +54,9 @@ func Example() {
 // the handler wrote before it.
 func ExampleTxFromContext() {
 	ctx := context.Background()
-	pool, done := exampleDB(ctx) // a *pgxpool.Pool on a migrated schema
+	db, done := testdb.NewForExample() // a *pgxpool.Pool on a migrated schema
 	defer done()
+	pool := db.Pool
 	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, status text NOT NULL);
 		INSERT INTO orders VALUES ('o-1', 'NEW')`); err != nil {
 		log.Fatal(err)
@@ -152,39 +147,4 @@ func ExampleConfig_hook() {
 	// complete POST /charges status=201
 	// begin POST /charges status=0
 	// replay POST /charges status=201
-}
-
-// exampleDB gives an example a schema of its own on the test database
-// (TEST_DATABASE_URL, as for the tests), migrated, and a func that drops it:
-// what internal/testdb does for tests, which examples cannot use.
-func exampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := "x_" + hex.EncodeToString(b[:])
-	admin, err := pgx.Connect(ctx, testdb.URL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		log.Fatal(err)
-	}
-	url, err := testdb.WithSchema(testdb.URL(), schema)
-	if err != nil {
-		log.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if _, err := migrate.Up(ctx, pool); err != nil {
-		log.Fatal(err)
-	}
-	return pool, func() {
-		pool.Close()
-		if c, err := pgx.Connect(context.Background(), testdb.URL()); err == nil {
-			_, _ = c.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
-			_ = c.Close(context.Background())
-		}
-	}
 }

@@ -10,13 +10,15 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem"
 )
 
 // checks in the order Run performs them.
 var checks = []check{
 	{CheckBaseline, "a new key with Body succeeds (2xx), one execution", checkBaseline},
 	{CheckMissingKey, "a request without a key is refused with 400 (or 428) and not executed", checkMissingKey},
-	{CheckInvalidKey, "malformed keys are refused with 400 and not executed; a 255-character key is accepted", checkInvalidKey},
+	{CheckInvalidKey, "malformed keys are refused with 400 and not executed; a " + strconv.Itoa(idem.MaxKeyLength) + "-character key is accepted", checkInvalidKey},
 	{CheckReplay, "the same key and body again replay the same status and body, one execution", checkReplay},
 	{CheckMismatch, "the same key with a different body is refused with 409 or 422 and does not overwrite the original", checkMismatch},
 	{CheckConcurrency, "concurrent requests with one new key cause exactly one execution", checkConcurrency},
@@ -63,9 +65,9 @@ func (v *verdict) executions(ctx context.Context, c *counter, want int64, what s
 
 func markerNote(res *Result, p response) {
 	if p.replayed() {
-		res.Notes = append(res.Notes, ReplayHeader+": true present on the replay")
+		res.Notes = append(res.Notes, idem.HeaderReplayed+": true present on the replay")
 	} else {
-		res.Notes = append(res.Notes, ReplayHeader+" absent on the replay")
+		res.Notes = append(res.Notes, idem.HeaderReplayed+" absent on the replay")
 	}
 }
 
@@ -82,7 +84,7 @@ func checkBaseline(ctx context.Context, r *runner, res *Result) {
 		v.failf("a new key with Body got %s, want 2xx (check the body, headers and URL)", p.describe())
 	}
 	if p.replayed() {
-		v.failf("the first answer to a new key is marked %s", ReplayHeader)
+		v.failf("the first answer to a new key is marked %s", idem.HeaderReplayed)
 	}
 	counted := v.executions(ctx, c, 1, "one request")
 	reason := fmt.Sprintf("%d", p.status)
@@ -107,7 +109,7 @@ func checkInvalidKey(ctx context.Context, r *runner, res *Result) {
 	var v verdict
 	base := newKey("invalid")
 	bad := []struct{ label, key string }{
-		{"256 characters", base + strings.Repeat("x", MaxKeyLength+1-len(base))},
+		{"256 characters", base + strings.Repeat("x", idem.MaxKeyLength+1-len(base))},
 		{"tab inside", base[:10] + "\t" + base[10:]},
 		{"space inside", base[:10] + " " + base[10:]},
 		{"non-ASCII", base + "-ключ"},
@@ -141,14 +143,14 @@ func checkInvalidKey(ctx context.Context, r *runner, res *Result) {
 	}
 	v.executions(ctx, c, 0, "malformed keys")
 	long := newKey("max")
-	long += strings.Repeat("y", MaxKeyLength-len(long))
+	long += strings.Repeat("y", idem.MaxKeyLength-len(long))
 	c = r.startCount(ctx)
-	p := r.do(ctx, res, reqOpts{label: "key 255 characters", key: withKey(long), body: r.t.Body})
+	p := r.do(ctx, res, reqOpts{label: fmt.Sprintf("key %d characters", idem.MaxKeyLength), key: withKey(long), body: r.t.Body})
 	if !p.ok() {
-		v.failf("a 255-character key got %s, want 2xx", p.describe())
+		v.failf("a %d-character key got %s, want 2xx", idem.MaxKeyLength, p.describe())
 	}
-	v.executions(ctx, c, 1, "a 255-character key")
-	v.set(res, fmt.Sprintf("malformed → %s; 255 chars → %d", strings.Join(got, ","), p.status))
+	v.executions(ctx, c, 1, fmt.Sprintf("a %d-character key", idem.MaxKeyLength))
+	v.set(res, fmt.Sprintf("malformed → %s; %d chars → %d", strings.Join(got, ","), idem.MaxKeyLength, p.status))
 }
 
 func checkReplay(ctx context.Context, r *runner, res *Result) {
@@ -165,7 +167,7 @@ func checkReplay(ctx context.Context, r *runner, res *Result) {
 	}
 	v.executions(ctx, c, 1, "two requests with one key")
 	markerNote(res, p2)
-	v.set(res, fmt.Sprintf("%d then identical %d, %s %v", p1.status, p2.status, ReplayHeader, p2.replayed()))
+	v.set(res, fmt.Sprintf("%d then identical %d, %s %v", p1.status, p2.status, idem.HeaderReplayed, p2.replayed()))
 }
 
 func sameness(a, b response) string {
@@ -188,7 +190,7 @@ func checkMismatch(ctx context.Context, r *runner, res *Result) {
 	switch {
 	case p2.status != http.StatusConflict && p2.status != http.StatusUnprocessableEntity:
 		v.failf("a different body with the same key got %s, want 409 or 422", p2.describe())
-	case p2.code == "IDEMPOTENCY_KEY_IN_PROGRESS":
+	case p2.code == idem.CodeKeyInProgress:
 		v.failf("a different body with a completed key got %s, want a mismatch", p2.describe())
 	case p2.replayed():
 		v.failf("a different body got a replay")
@@ -333,7 +335,7 @@ func checkPrincipals(ctx context.Context, r *runner, res *Result) {
 	case !pb.ok():
 		v.failf("principal B with A's key got %s, want 2xx (its own execution)", pb.describe())
 	case pb.replayed():
-		v.failf("principal B got a replay (%s) of principal A's key", ReplayHeader)
+		v.failf("principal B got a replay (%s) of principal A's key", idem.HeaderReplayed)
 	}
 	counted := v.executions(ctx, c, 2, "one key used by two principals")
 	if counted && pb.ok() && pb.sameAs(pa) {
@@ -526,7 +528,7 @@ func checkExpiry(ctx context.Context, r *runner, res *Result) {
 	case !p.ok():
 		v.failf("%s after the key was used it still answers %s, want the key usable again", after, p.describe())
 	case p.replayed():
-		v.failf("after the TTL the key replayed (%s)", ReplayHeader)
+		v.failf("after the TTL the key replayed (%s)", idem.HeaderReplayed)
 	}
 	v.set(res, fmt.Sprintf("key usable again %s after first use (TTL %s)", after, r.t.TTL))
 }

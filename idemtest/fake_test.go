@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemtest"
 )
 
@@ -103,12 +104,12 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	raw, present := r.Header["Idempotency-Key"]
 	if !present {
-		problem(w, http.StatusBadRequest, "IDEMPOTENCY_KEY_REQUIRED")
+		problem(w, http.StatusBadRequest, idem.CodeKeyRequired)
 		return
 	}
 	key, ok := f.parseKey(raw[0])
 	if !ok {
-		problem(w, http.StatusBadRequest, "IDEMPOTENCY_KEY_INVALID")
+		problem(w, http.StatusBadRequest, idem.CodeKeyInvalid)
 		return
 	}
 	id := principal + "\x00" + key
@@ -125,14 +126,14 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case e != nil && e.fingerprint != fp:
 		f.mu.Unlock()
-		problem(w, http.StatusConflict, "IDEMPOTENCY_KEY_REUSED")
+		problem(w, http.StatusConflict, idem.CodeKeyReused)
 		return
 	case e != nil && !e.done:
 		f.mu.Unlock()
 		if !f.noRetryAfter {
 			w.Header().Set("Retry-After", "1")
 		}
-		problem(w, http.StatusConflict, "IDEMPOTENCY_KEY_IN_PROGRESS")
+		problem(w, http.StatusConflict, idem.CodeKeyInProgress)
 		return
 	case e != nil:
 		f.mu.Unlock()

@@ -76,6 +76,7 @@ func TestMiddlewareOverPostgres(t *testing.T) {
 				},
 				Mode:      mode,
 				Retention: retention,
+				Lease:     retention / 2, // a lease may not outlive the retention
 			})
 			if err != nil {
 				t.Fatal(err)

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem"
 )
 
 // Run performs every check against target, one after another, and returns
@@ -162,15 +164,17 @@ type response struct {
 	err    error
 }
 
-func (p response) ok() bool       { return p.err == nil && p.status >= 200 && p.status < 300 }
-func (p response) replayed() bool { return strings.EqualFold(p.header.Get(ReplayHeader), "true") }
+func (p response) ok() bool { return p.err == nil && p.status >= 200 && p.status < 300 }
+func (p response) replayed() bool {
+	return strings.EqualFold(p.header.Get(idem.HeaderReplayed), "true")
+}
 
 // inProgress reports a 409 that is not a fingerprint mismatch.
 func (p response) inProgress() bool {
 	if p.err != nil || p.status != http.StatusConflict {
 		return false
 	}
-	return p.code == "" || p.code == "IDEMPOTENCY_KEY_IN_PROGRESS"
+	return p.code == "" || p.code == idem.CodeKeyInProgress
 }
 
 // sameAs reports an identical status and body.

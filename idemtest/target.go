@@ -9,17 +9,14 @@ import (
 	"net/url"
 	"sort"
 	"time"
+
+	"github.com/idemkit/idem"
 )
 
 // Defaults of Target.
 const (
 	// MethodDefault is the method checked when Target.Method is empty.
 	MethodDefault = http.MethodPost
-	// KeyHeaderDefault is the header carrying the key.
-	KeyHeaderDefault = "Idempotency-Key"
-	// ReplayHeader is the marker a replayed response carries (reported,
-	// not required).
-	ReplayHeader = "Idempotent-Replayed"
 	// ConcurrencyDefault is how many requests race on one key.
 	ConcurrencyDefault = 10
 	// RequestTimeoutDefault bounds each request.
@@ -33,10 +30,6 @@ const (
 	SettleTimeoutDefault = 10 * time.Second
 )
 
-// MaxKeyLength is the longest key the semantics allow (1–255 visible ASCII
-// characters).
-const MaxKeyLength = 255
-
 // Errors returned by Run for a Target that cannot be checked.
 var (
 	ErrNoTarget      = errors.New("idemtest: Target needs URL or Handler")
@@ -49,10 +42,11 @@ var (
 // Target is the endpoint under test and what the checks may use.
 type Target struct {
 	// URL is the endpoint's absolute http or https URL. Exactly one of URL
-	// and Handler is required.
+	// and Handler is required: there is no default.
 	URL string
 	// Handler is served on a loopback httptest server for the duration of
-	// Run (requests go to its root path plus Path).
+	// Run (requests go to its root path plus Path). Exactly one of URL and
+	// Handler is required: there is no default.
 	Handler http.Handler
 	// Path is appended to the httptest server's URL when Handler is set.
 	// Defaults to "/".
@@ -78,8 +72,8 @@ type Target struct {
 	// act as a second principal, e.g. Authorization: Bearer demo-bob.
 	// Defaults to none: the principals check is skipped.
 	PrincipalB http.Header
-	// KeyHeader is the header carrying the key. Defaults to
-	// "Idempotency-Key".
+	// KeyHeader is the header carrying the key. Defaults to idem.HeaderKey
+	// (Idempotency-Key).
 	KeyHeader string
 	// Concurrency is how many requests race on one key. Defaults to 10.
 	Concurrency int
@@ -122,32 +116,14 @@ type Target struct {
 	SettleTimeout time.Duration
 }
 
-// withDefaults validates t and fills in defaults; the error names the bad
-// field.
+// withDefaults fills in the defaults, then validates the result; the
+// error names the bad field.
 func (t Target) withDefaults() (Target, error) {
-	switch {
-	case t.URL == "" && t.Handler == nil:
-		return t, ErrNoTarget
-	case t.URL != "" && t.Handler != nil:
-		return t, ErrTwoTargets
-	}
-	if t.URL != "" {
-		u, err := url.Parse(t.URL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return t, fmt.Errorf("%w: URL %q is not an absolute http(s) URL", ErrInvalidTarget, t.URL)
-		}
-	}
-	if t.CountURL != "" {
-		u, err := url.Parse(t.CountURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return t, fmt.Errorf("%w: CountURL %q is not an absolute http(s) URL", ErrInvalidTarget, t.CountURL)
-		}
-	}
 	if t.Method == "" {
 		t.Method = MethodDefault
 	}
 	if t.KeyHeader == "" {
-		t.KeyHeader = KeyHeaderDefault
+		t.KeyHeader = idem.HeaderKey
 	}
 	if t.Path == "" {
 		t.Path = "/"
@@ -155,27 +131,14 @@ func (t Target) withDefaults() (Target, error) {
 	if t.Concurrency == 0 {
 		t.Concurrency = ConcurrencyDefault
 	}
-	if t.Concurrency < 2 {
-		return t, fmt.Errorf("%w: Concurrency %d must be at least 2", ErrInvalidTarget, t.Concurrency)
+	if t.RequestTimeout == 0 {
+		t.RequestTimeout = RequestTimeoutDefault
 	}
-	if t.TTL < 0 {
-		return t, fmt.Errorf("%w: TTL %s is negative", ErrInvalidTarget, t.TTL)
+	if t.HoldTimeout == 0 {
+		t.HoldTimeout = HoldTimeoutDefault
 	}
-	for _, d := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"RequestTimeout", &t.RequestTimeout, RequestTimeoutDefault},
-		{"HoldTimeout", &t.HoldTimeout, HoldTimeoutDefault},
-		{"SettleTimeout", &t.SettleTimeout, SettleTimeoutDefault},
-	} {
-		if *d.v < 0 {
-			return t, fmt.Errorf("%w: %s %s is negative", ErrInvalidTarget, d.name, *d.v)
-		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
+	if t.SettleTimeout == 0 {
+		t.SettleTimeout = SettleTimeoutDefault
 	}
 	t.Header = t.Header.Clone()
 	if t.Header == nil {
@@ -187,10 +150,40 @@ func (t Target) withDefaults() (Target, error) {
 	if t.AltBody == nil {
 		t.AltBody = altBody(t.Body)
 	}
-	if string(t.AltBody) == string(t.Body) {
-		return t, fmt.Errorf("%w: AltBody must differ from Body", ErrInvalidTarget)
+	return t, t.validate()
+}
+
+// validate checks a filled Target.
+func (t Target) validate() error {
+	switch {
+	case t.URL == "" && t.Handler == nil:
+		return ErrNoTarget
+	case t.URL != "" && t.Handler != nil:
+		return ErrTwoTargets
 	}
-	return t, nil
+	for _, u := range []struct{ name, v string }{{"URL", t.URL}, {"CountURL", t.CountURL}} {
+		if u.v == "" {
+			continue
+		}
+		if p, err := url.Parse(u.v); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			return fmt.Errorf("%w: %s %q is not an absolute http(s) URL", ErrInvalidTarget, u.name, u.v)
+		}
+	}
+	if t.Concurrency < 2 {
+		return fmt.Errorf("%w: Concurrency %d must be at least 2", ErrInvalidTarget, t.Concurrency)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"TTL", t.TTL}, {"RequestTimeout", t.RequestTimeout}, {"HoldTimeout", t.HoldTimeout}, {"SettleTimeout", t.SettleTimeout}} {
+		if d.v < 0 {
+			return fmt.Errorf("%w: %s %s is negative", ErrInvalidTarget, d.name, d.v)
+		}
+	}
+	if string(t.AltBody) == string(t.Body) {
+		return fmt.Errorf("%w: AltBody must differ from Body", ErrInvalidTarget)
+	}
+	return nil
 }
 
 // altBody derives a second body that any fingerprint (bytes, or canonical

@@ -1,6 +1,7 @@
 package paysim_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -80,12 +81,13 @@ func TestThousandChargesUnderFaultsChargeOnce(t *testing.T) {
 	// package doc).
 	var transportRetries atomic.Int64
 	ic, err := idemclient.New(httpClient(t, nil), &idemclient.Config{
-		MaxAttempts: 40, BaseDelay: 200 * time.Microsecond, MaxDelay: 5 * time.Millisecond, Retry500: true,
-		OnRetry: func(_ int, err error, _ time.Duration) {
+		MaxAttempts: 40, BackoffMin: 200 * time.Microsecond, BackoffMax: 5 * time.Millisecond, Retry500: true,
+		Hook: func(ctx context.Context, e idemclient.Event) context.Context {
 			var se *idemclient.StatusError
-			if !errors.As(err, &se) {
+			if e.Kind == idemclient.EventRetry && !errors.As(e.Err, &se) {
 				transportRetries.Add(1)
 			}
+			return ctx
 		},
 	})
 	if err != nil {

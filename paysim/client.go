@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemclient"
 )
 
@@ -93,7 +94,7 @@ func (c *Client) Charge(ctx context.Context, cmd ChargeCommand) (ChargeResult, e
 	case cmd.AmountKopecks <= 0:
 		return ChargeResult{}, fmt.Errorf("%w: AmountKopecks %d is not positive", ErrInvalidCharge, cmd.AmountKopecks)
 	}
-	if err := idemclient.ValidateKey(cmd.IdempotencyKey); err != nil {
+	if err := idem.ValidateKey(cmd.IdempotencyKey); err != nil {
 		return ChargeResult{}, fmt.Errorf("%w: %w", ErrInvalidCharge, err)
 	}
 	body, err := json.Marshal(chargeRequest{OrderID: cmd.OrderID, CustomerID: cmd.CustomerID, AmountKopecks: cmd.AmountKopecks})

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemclient"
 	"github.com/idemkit/idem/paysim"
 )
@@ -415,7 +416,7 @@ func TestClientCharge(t *testing.T) {
 	cmd.AmountKopecks = 600
 	_, err = c.Charge(t.Context(), cmd)
 	var se *idemclient.StatusError
-	if !errors.As(err, &se) || se.StatusCode != 409 || se.Code != idemclient.CodeReused || idemclient.IsRetryable(err) {
+	if !errors.As(err, &se) || se.StatusCode != 409 || se.Code != idem.CodeKeyReused || idemclient.IsRetryable(err) {
 		t.Fatalf("reused key: err = %v, want definitive 409 IDEMPOTENCY_KEY_REUSED", err)
 	}
 	for _, bad := range []paysim.ChargeCommand{

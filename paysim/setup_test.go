@@ -54,7 +54,7 @@ func httpClient(t *testing.T, tr *http.Transport) *http.Client {
 // paysim's injected failure is a 500 that happens before any charge.
 func fastIdem(t *testing.T, hc *http.Client) *idemclient.Client {
 	t.Helper()
-	c, err := idemclient.New(hc, &idemclient.Config{MaxAttempts: 40, BaseDelay: 200 * time.Microsecond, MaxDelay: 5 * time.Millisecond, Retry500: true})
+	c, err := idemclient.New(hc, &idemclient.Config{MaxAttempts: 40, BackoffMin: 200 * time.Microsecond, BackoffMax: 5 * time.Millisecond, Retry500: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/internal/cli"
 )
@@ -74,7 +75,7 @@ func runConformance(ctx context.Context, args []string) error {
 	countURL := fs.String("count-url", "", "`URL` read with GET before and after each check to count executions: a number, an array, {\"count\":n} or an object with a list (paysim's /ledger)")
 	concurrency := fs.Int("concurrency", idemtest.ConcurrencyDefault, "requests racing on one key")
 	ttl := fs.Duration("ttl", 0, "key retention the endpoint is configured with; enables the expiry check (waits that long)")
-	keyHeader := fs.String("key-header", idemtest.KeyHeaderDefault, "header carrying the key")
+	keyHeader := fs.String("key-header", idem.HeaderKey, "header carrying the key")
 	timeout := fs.Duration("timeout", idemtest.RequestTimeoutDefault, "bound on each request")
 	settle := fs.Duration("settle", idemtest.SettleTimeoutDefault, "how long to wait for a raced key to complete, and for a key to become usable after --ttl")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")

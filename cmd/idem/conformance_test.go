@@ -68,6 +68,7 @@ func TestConformanceCLIPasses(t *testing.T) {
 			return "", errors.New("no credentials")
 		},
 		Retention: 2 * time.Second,
+		Lease:     time.Second, // a lease may not outlive the retention
 	})
 	if err != nil {
 		t.Fatal(err)

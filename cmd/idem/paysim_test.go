@@ -146,7 +146,7 @@ func paysimClient(t *testing.T, url string) *paysim.Client {
 	t.Helper()
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
-	ic, err := idemclient.New(&http.Client{Transport: tr}, &idemclient.Config{BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond})
+	ic, err := idemclient.New(&http.Client{Transport: tr}, &idemclient.Config{BackoffMin: time.Millisecond, BackoffMax: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -145,3 +145,37 @@ func (db *DB) Conn(t testing.TB) *pgx.Conn {
 	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	return c
 }
+
+// NewForExample is New for runnable examples, which have no testing.TB: a
+// fresh migrated schema and a pool on it, and a func that closes the pool
+// and drops the schema. A failure panics, which fails the example.
+func NewForExample() (*DB, func()) {
+	ctx := context.Background()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := "x_" + hex.EncodeToString(b[:])
+	if err := adminExec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		panic(fmt.Sprintf("testdb: create schema: %v", err))
+	}
+	drop := func() { _ = adminExec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") }
+	dsn, err := WithSchema(URL(), schema)
+	if err != nil {
+		drop()
+		panic(err)
+	}
+	pool, err := pgxpool.New(ctx, dsn)
+	if err == nil {
+		_, err = migrate.Up(ctx, pool)
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		drop()
+		panic(fmt.Sprintf("testdb: %v", err))
+	}
+	return &DB{Pool: pool, Schema: schema, URL: dsn}, func() {
+		pool.Close()
+		drop()
+	}
+}

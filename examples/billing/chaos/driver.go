@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idem"
 )
 
 // order is an order the driver created; confirmed once its confirm POST
@@ -233,7 +235,7 @@ func (d *driver) probeReuse(ctx context.Context, rng *rand.Rand, path string, bo
 		case err != nil && ctx.Err() != nil:
 			d.report(Violation{Kind: "no-final-answer", Subject: path, Detail: fmt.Sprintf("key %s reused: %v", key, err)})
 			return
-		case err != nil, st >= 500, problemCode(resp) == "IDEMPOTENCY_KEY_IN_PROGRESS":
+		case err != nil, st >= 500, problemCode(resp) == idem.CodeKeyInProgress:
 			backoff(ctx, rng, attempt)
 			continue
 		case (st == http.StatusConflict || st == http.StatusUnprocessableEntity) && problemCode(resp) == "IDEMPOTENCY_KEY_REUSED":
@@ -327,7 +329,7 @@ func (d *driver) attempts(ctx context.Context, rng *rand.Rand, path string, body
 			d.status5xx.Add(1)
 			backoff(ctx, rng, attempt)
 			continue
-		case st == http.StatusConflict && problemCode(resp) == "IDEMPOTENCY_KEY_IN_PROGRESS":
+		case st == http.StatusConflict && problemCode(resp) == idem.CodeKeyInProgress:
 			d.inProgress.Add(1)
 			wait := 100 * time.Millisecond
 			if s, err := strconv.Atoi(hdr.Get("Retry-After")); err == nil && s > 0 {
