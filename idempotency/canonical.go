@@ -2,7 +2,10 @@ package idempotency
 
 import (
 	"bytes"
+	"cmp"
+	"encoding/binary"
 	"errors"
+	"hash/maphash"
 	"math"
 	"slices"
 	"unicode"
@@ -55,12 +58,14 @@ type canon struct {
 	// keeps every member.
 	fields map[string]struct{}
 
-	stack []member // members of the objects being read, innermost last
-	arena []member // members of recorded objects, each object's sorted
-	recs  []objRec // recorded objects, in the order they closed
-	names []byte   // decoded names that have escapes
-	order []int32  // scratch of checkNames
-	fold  []byte   // scratch of wanted
+	stack  []member  // members of the objects being read, innermost last
+	arena  []member  // members of recorded objects, each object's sorted
+	recs   []objRec  // recorded objects, in the order they closed
+	names  []byte    // decoded names that have escapes
+	order  []int32   // scratch of checkNames
+	hashes []uint64  // scratch of checkNames
+	keys   []sortKey // scratch of object
+	fold   []byte    // scratch of checkNames and wanted
 }
 
 // member is one `"name":value` of an object. Offsets are int32 to keep the
@@ -69,6 +74,20 @@ type member struct {
 	nlo, nhi int32 // the decoded name: in[nlo:nhi], or names[nlo:nhi] if esc
 	lo, hi   int32 // `"name":value` in buf
 	esc      bool
+}
+
+// sortKey orders the members of one object: prefix is the first eight
+// bytes of the name as a big-endian integer (zero-padded), so that
+// comparing two prefixes is comparing the names' first eight bytes.
+type sortKey struct {
+	prefix uint64
+	i      int32 // the member, in the object
+}
+
+func namePrefix(name []byte) uint64 {
+	var b [8]byte
+	copy(b[:], name)
+	return binary.BigEndian.Uint64(b[:])
 }
 
 // objRec is an object whose members the second pass reorders.
@@ -485,14 +504,25 @@ func (c *canon) object(depth int) error {
 	}
 	filter := top && c.fields != nil
 	if filter || !c.inOrder(ms) {
-		mlo := int32(len(c.arena))
-		for _, m := range ms {
+		// Sort the kept members by name, comparing the first eight bytes
+		// as one integer first (most names differ there), then copy them
+		// to the arena in that order.
+		c.keys = c.keys[:0]
+		for i, m := range ms {
 			if !filter || c.wanted(m) {
-				c.arena = push(c.arena, m)
+				c.keys = push(c.keys, sortKey{prefix: namePrefix(c.name(m)), i: int32(i)})
 			}
 		}
-		kept := c.arena[mlo:]
-		slices.SortFunc(kept, func(a, b member) int { return bytes.Compare(c.name(a), c.name(b)) })
+		slices.SortFunc(c.keys, func(a, b sortKey) int {
+			if a.prefix != b.prefix {
+				return cmp.Compare(a.prefix, b.prefix)
+			}
+			return bytes.Compare(c.name(ms[a.i]), c.name(ms[b.i]))
+		})
+		mlo := int32(len(c.arena))
+		for _, k := range c.keys {
+			c.arena = push(c.arena, ms[k.i])
+		}
 		c.recs = push(c.recs, objRec{start: start, end: int32(len(c.buf)), mlo: mlo, mhi: int32(len(c.arena))})
 	}
 	c.stack = c.stack[:base]
@@ -518,8 +548,9 @@ func (c *canon) inOrder(ms []member) bool {
 }
 
 // checkNames refuses an object with two names that fold alike (which
-// includes two equal names): pairwise for a few members, by sorting on the
-// folded form for many.
+// includes two equal names): pairwise for a few members; for many, by
+// sorting hashes of the folded names, and only if two hashes meet, by
+// sorting the names on their folded form.
 func (c *canon) checkNames(ms []member) error {
 	if len(ms) < 2 {
 		return nil
@@ -534,6 +565,22 @@ func (c *canon) checkNames(ms []member) error {
 		}
 		return nil
 	}
+	c.hashes = c.hashes[:0]
+	for _, m := range ms {
+		c.fold = appendFolded(c.fold[:0], c.name(m))
+		c.hashes = push(c.hashes, maphash.Bytes(nameSeed, c.fold))
+	}
+	slices.Sort(c.hashes)
+	collision := false
+	for i := 1; i < len(c.hashes); i++ {
+		if c.hashes[i-1] == c.hashes[i] {
+			collision = true
+			break
+		}
+	}
+	if !collision {
+		return nil
+	}
 	c.order = c.order[:0]
 	for i := range ms {
 		c.order = push(c.order, int32(i))
@@ -546,6 +593,9 @@ func (c *canon) checkNames(ms []member) error {
 	}
 	return nil
 }
+
+// nameSeed seeds the hashes of checkNames; any seed will do.
+var nameSeed = maphash.MakeSeed()
 
 // wanted reports whether FingerprintFields keeps m, by folded name, so that
 // a member that encoding/json would decode into a listed field counts
