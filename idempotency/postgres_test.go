@@ -334,3 +334,117 @@ func indexOf(s, sub string) int {
 	}
 	return -1
 }
+
+// blockingPurge holds every Purge until release is closed or its context
+// ends.
+type blockingPurge struct {
+	idempotency.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *blockingPurge) Purge(ctx context.Context, limit int) (int, error) {
+	select {
+	case s.entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-s.release:
+		return s.Store.Purge(ctx, limit)
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// TestPurgeLoopStartStop: the purge loop follows internal/startstop: Stop
+// lets the batch in hand finish (and waits for it, or for its own ctx),
+// HardStop cancels it, Start after a stop is a fresh run, and every round
+// is reported as EventPurge.
+func TestPurgeLoopStartStop(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var purged atomic.Int64
+	var errs sync.Map
+	hook := func(ctx context.Context, e idempotency.Event) context.Context {
+		if e.Kind == idempotency.EventPurge {
+			purged.Add(int64(e.Purged))
+			if e.Err != nil {
+				errs.Store(e.Err.Error(), e.Err)
+			}
+		}
+		return ctx
+	}
+	s := &blockingPurge{Store: idempotency.NewMemoryStore(), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	mw := newMW(t, s, idempotency.Config{PurgeInterval: time.Hour, Hook: hook})
+
+	// Soft stop with a batch in hand: Stop's own deadline passes while the
+	// batch still runs; once the batch is let go, Stop returns.
+	if err := mw.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-s.entered
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := mw.Stop(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop while a batch is in hand: %v, want its own deadline (the batch finishes)", err)
+	}
+	close(s.release)
+	if err := mw.Stop(ctx); err != nil {
+		t.Fatalf("Stop once the batch finished: %v", err)
+	}
+
+	// A fresh run after the stop purges what expired meanwhile.
+	for i := range 3 {
+		c := claimOf(fmt.Sprint("old", i), "a", time.Millisecond, time.Millisecond)
+		r, err := s.Claim(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, c.Key, r.Fence, &idempotency.Response{Status: 201}, time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A probe written after them tells, in the store's clock, that they
+	// have expired: once it can be claimed afresh, so could they.
+	probe := claimOf("probe", "a", time.Millisecond, time.Millisecond)
+	if _, err := s.Claim(ctx, probe); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the records to expire", func() bool {
+		r, err := s.Claim(ctx, claimOf("probe", "other", time.Hour, time.Hour))
+		return err == nil && r.Outcome == idempotency.OutcomeClaimed
+	})
+	before := purged.Load()
+	if err := mw.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the fresh run to purge", func() bool { return purged.Load() == before+3 })
+	if err := mw.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// HardStop abandons the batch in hand.
+	hs := &blockingPurge{Store: idempotency.NewMemoryStore(), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	mw2 := newMW(t, hs, idempotency.Config{PurgeInterval: time.Hour, Hook: hook})
+	if err := mw2.HardStop(ctx); err != nil {
+		t.Fatalf("HardStop before Start: %v", err)
+	}
+	if err := mw2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-hs.entered
+	if err := mw2.HardStop(ctx); err != nil {
+		t.Fatalf("HardStop with a batch in hand: %v", err)
+	}
+	if err := mw2.HardStop(ctx); err != nil {
+		t.Fatalf("second HardStop: %v", err)
+	}
+	found := false
+	errs.Range(func(_, v any) bool {
+		found = found || errors.Is(v.(error), context.Canceled)
+		return true
+	})
+	if !found {
+		t.Fatal("the abandoned batch was not reported as an EventPurge with context.Canceled")
+	}
+}
