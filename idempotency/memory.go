@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"net/http"
 	"sync"
 	"time"
 )
@@ -145,17 +144,4 @@ func cloneResponse(r *Response) *Response {
 		return nil
 	}
 	return &Response{Status: r.Status, Header: r.Header.Clone(), Body: append([]byte(nil), r.Body...)}
-}
-
-// replayHeaders keeps the allow-listed headers of h, never Set-Cookie.
-func (c *config) replayHeadersOf(h http.Header) http.Header {
-	out := http.Header{}
-	for k, v := range h {
-		ck := http.CanonicalHeaderKey(k)
-		if ck == "Set-Cookie" || !c.replayHeaders[ck] {
-			continue
-		}
-		out[ck] = append([]string(nil), v...)
-	}
-	return out
 }

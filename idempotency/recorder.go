@@ -3,6 +3,8 @@ package idempotency
 import (
 	"bytes"
 	"net/http"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem"
 )
@@ -109,4 +111,29 @@ func writeResponse(w http.ResponseWriter, resp *Response, replayed bool) {
 	}
 	w.WriteHeader(resp.Status)
 	_, _ = w.Write(resp.Body)
+}
+
+// replayHeadersOf keeps the allow-listed headers of h, never Set-Cookie,
+// and of their values only text a store can keep as it is: valid UTF-8
+// without NUL. PostgreSQL refuses a NUL in jsonb (the whole completion
+// would fail) and JSON turns invalid UTF-8 into U+FFFD (the replay would
+// carry a value the handler never sent); such a value is left out.
+func (c *config) replayHeadersOf(h http.Header) http.Header {
+	out := http.Header{}
+	for k, v := range h {
+		ck := http.CanonicalHeaderKey(k)
+		if ck == "Set-Cookie" || !c.replayHeaders[ck] {
+			continue
+		}
+		var keep []string
+		for _, s := range v {
+			if utf8.ValidString(s) && !strings.Contains(s, "\x00") {
+				keep = append(keep, s)
+			}
+		}
+		if keep != nil {
+			out[ck] = keep
+		}
+	}
+	return out
 }
