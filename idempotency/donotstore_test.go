@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempotency"
 )
 
@@ -39,7 +40,7 @@ func TestDoNotStoreReleasesTheKey(t *testing.T) {
 				return r
 			}
 			for i := range 2 {
-				if w := do(h, bad()); w.Code != http.StatusBadRequest || w.Header().Get(idempotency.ReplayedHeader) != "" {
+				if w := do(h, bad()); w.Code != http.StatusBadRequest || w.Header().Get(idem.HeaderReplayed) != "" {
 					t.Fatalf("invalid request %d: %d %v, want a fresh 400", i, w.Code, w.Header())
 				}
 			}
@@ -61,10 +62,10 @@ func TestDoNotStoreReleasesTheKey(t *testing.T) {
 			if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM idempotency_key`).Scan(&n); err != nil || n != 0 {
 				t.Fatalf("%d records (%v) after DoNotStore answers, want 0", n, err)
 			}
-			if w := do(h, post("/orders", "alice", "k1", `{"total":1}`)); w.Code != http.StatusCreated || w.Header().Get(idempotency.ReplayedHeader) != "" {
+			if w := do(h, post("/orders", "alice", "k1", `{"total":1}`)); w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != "" {
 				t.Fatalf("corrected request: %d %v, want a fresh 201", w.Code, w.Header())
 			}
-			if w := do(h, post("/orders", "alice", "k1", `{"total":1}`)); w.Code != http.StatusCreated || w.Header().Get(idempotency.ReplayedHeader) != "true" {
+			if w := do(h, post("/orders", "alice", "k1", `{"total":1}`)); w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != "true" {
 				t.Fatalf("retry: %d %v, want the replay", w.Code, w.Header())
 			}
 		})
