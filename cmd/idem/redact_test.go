@@ -52,6 +52,7 @@ func TestConformanceReportHidesURLCredentials(t *testing.T) {
 			return "", errors.New("no credentials")
 		},
 		Retention: time.Second,
+		Lease:     time.Second / 2, // a lease may not outlive the retention
 	})
 	if err != nil {
 		t.Fatal(err)
