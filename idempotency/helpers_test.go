@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/problem"
 	"github.com/idemkit/idem/internal/testdb"
 )
 
@@ -132,7 +133,7 @@ func problemCode(t *testing.T, w *httptest.ResponseRecorder) string {
 	if ct := w.Header().Get("Content-Type"); ct != idem.ProblemContentType {
 		t.Fatalf("Content-Type = %q, want problem+json (status %d, body %s)", ct, w.Code, w.Body)
 	}
-	var p idempotency.Problem
+	var p problem.Details
 	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
 		t.Fatalf("problem body: %v", err)
 	}

@@ -3,21 +3,10 @@ package idempotency
 import (
 	"encoding/json"
 	"net/http"
-	"strings"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/problem"
 )
-
-// Problem is an RFC 9457 problem details object with idem's code member:
-// the body of every answer the middleware writes itself. The codes are
-// package idem's (idem.CodeKeyReused and the rest).
-type Problem struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail,omitempty"`
-	Code   string `json:"code"`
-}
 
 var problemTitles = map[string]string{
 	idem.CodeKeyRequired:      "Idempotency-Key required",
@@ -33,14 +22,13 @@ var problemTitles = map[string]string{
 	idem.CodeTxAborted:        "Success answered for a failed transaction",
 }
 
-// problemType is a stable URI per code; it names the problem, it is not
-// meant to be fetched.
-func problemType(code string) string {
-	return "https://github.com/idemkit/idem/blob/main/docs/problems.md#" + strings.ToLower(strings.ReplaceAll(code, "_", "-"))
-}
-
+// writeProblem writes one of the middleware's own answers: internal/problem's
+// shape (type URI per code, detail bounded) with a title per code.
 func writeProblem(w http.ResponseWriter, status int, code, detail string) {
-	p := Problem{Type: problemType(code), Title: problemTitles[code], Status: status, Detail: detail, Code: code}
+	p := problem.New(status, code, detail)
+	if t, ok := problemTitles[code]; ok {
+		p.Title = t
+	}
 	b, _ := json.Marshal(p)
 	h := w.Header()
 	h.Set("Content-Type", idem.ProblemContentType)
