@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/paysim"
+	"github.com/idemkit/idem/paysim/paysimtest"
 )
 
 const chargeBody = `{"order_id":"o-1","customer_id":"c-1","amount_kopecks":1000}`
@@ -25,13 +26,9 @@ func TestPaysim(t *testing.T) {
 	t.Parallel()
 	// Latency widens the in-progress window so that racing requests meet
 	// a claimed key and retry-after has something to judge.
-	srv, err := paysim.New(&paysim.Config{Latency: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, url := paysimtest.Start(t, &paysim.Config{Latency: 200 * time.Millisecond})
 	rep, err := idemtest.Run(t.Context(), idemtest.Target{
-		Handler:    srv,
-		Path:       "/charges",
+		URL:        url + "/charges",
 		Body:       []byte(chargeBody),
 		Header:     http.Header{"Authorization": {"Bearer alice"}},
 		PrincipalB: http.Header{"Authorization": {"Bearer bob"}},
