@@ -328,12 +328,14 @@ func TestFlowChargesEverythingOnce(t *testing.T) {
 		t.Fatalf("GET order: %d %s", r.Status, r.Body)
 	}
 	// The outbox and lag gauges are refreshed in the background (every 5s):
-	// poll until a refresh has seen the drained outbox.
+	// poll until a refresh has seen the drained outbox and the lag.
 	var m apiResponse
 	deadline := time.Now().Add(time.Minute)
 	for {
 		m = c.must(t, "GET", "/metrics", "", "")
-		if strings.Contains(string(m.Body), "billing_outbox_pending 0\n") || time.Now().After(deadline) {
+		// Each source refreshes on its own: wait for both gauges.
+		body := string(m.Body)
+		if strings.Contains(body, "billing_outbox_pending 0\n") && strings.Contains(body, "billing_consumer_lag{") || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond) // polling interval
