@@ -184,11 +184,11 @@ func (c *Client) Do(req *http.Request, key string) (*Response, error) {
 		if err == nil {
 			ev.Status = resp.StatusCode
 			if resp.StatusCode < 400 {
-				ev.Elapsed = time.Since(sent)
-				c.hook(actx, ev)
 				replayed := resp.Header.Get(idem.HeaderReplayed) == "true"
+				ev.Elapsed, ev.Replayed = time.Since(sent), replayed
+				c.hook(actx, ev)
 				if replayed {
-					c.hook(ctx, Event{Kind: EventReplayed, Method: method, Attempt: attempt, Status: resp.StatusCode, Elapsed: time.Since(start)})
+					c.hook(ctx, Event{Kind: EventReplayed, Method: method, Attempt: attempt, Status: resp.StatusCode, Replayed: true, Elapsed: time.Since(start)})
 				}
 				return &Response{Response: resp, Replayed: replayed, Attempts: attempt}, nil
 			}

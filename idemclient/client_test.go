@@ -594,10 +594,11 @@ func TestHook(t *testing.T) {
 		attempt int
 		status  int
 		reason  idemclient.Reason
+		replay  bool
 	}
 	var got []brief
 	for _, e := range events {
-		got = append(got, brief{e.Kind, e.Attempt, e.Status, e.Reason})
+		got = append(got, brief{e.Kind, e.Attempt, e.Status, e.Reason, e.Replayed})
 		if strings.Contains(fmt.Sprintf("%+v", e), key) {
 			t.Errorf("event %+v carries the key", e)
 		}
@@ -609,10 +610,10 @@ func TestHook(t *testing.T) {
 		}
 	}
 	want := []brief{
-		{idemclient.EventAttemptBegin, 1, 0, ""}, {idemclient.EventAttempt, 1, 503, idemclient.ReasonStatus}, {idemclient.EventRetry, 1, 503, idemclient.ReasonStatus},
-		{idemclient.EventAttemptBegin, 2, 0, ""}, {idemclient.EventAttempt, 2, 409, idemclient.ReasonInProgress}, {idemclient.EventRetry, 2, 409, idemclient.ReasonInProgress},
-		{idemclient.EventAttemptBegin, 3, 0, ""}, {idemclient.EventAttempt, 3, 201, ""}, {idemclient.EventReplayed, 3, 201, ""},
-		{idemclient.EventAttemptBegin, 1, 0, ""}, {idemclient.EventAttempt, 1, 409, idemclient.ReasonDefinitive}, {idemclient.EventGaveUp, 1, 409, idemclient.ReasonDefinitive},
+		{idemclient.EventAttemptBegin, 1, 0, "", false}, {idemclient.EventAttempt, 1, 503, idemclient.ReasonStatus, false}, {idemclient.EventRetry, 1, 503, idemclient.ReasonStatus, false},
+		{idemclient.EventAttemptBegin, 2, 0, "", false}, {idemclient.EventAttempt, 2, 409, idemclient.ReasonInProgress, false}, {idemclient.EventRetry, 2, 409, idemclient.ReasonInProgress, false},
+		{idemclient.EventAttemptBegin, 3, 0, "", false}, {idemclient.EventAttempt, 3, 201, "", true}, {idemclient.EventReplayed, 3, 201, "", true},
+		{idemclient.EventAttemptBegin, 1, 0, "", false}, {idemclient.EventAttempt, 1, 409, idemclient.ReasonDefinitive, false}, {idemclient.EventGaveUp, 1, 409, idemclient.ReasonDefinitive, false},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("events\n got %v\nwant %v", got, want)

@@ -66,6 +66,10 @@ type Event struct {
 	// Status is the response status (of the last attempt, for
 	// EventGaveUp), 0 when there was none.
 	Status int
+	// Replayed is true when the answer carried Idempotent-Replayed: true
+	// (the successful EventAttempt, EventReplayed): a tracer marks the
+	// attempt's span with it.
+	Replayed bool
 	// Elapsed is the attempt's duration (EventAttempt) or the call's
 	// (EventReplayed, EventGaveUp).
 	Elapsed time.Duration

@@ -87,6 +87,10 @@ type EventInfo struct {
 	Attempts int
 	// Headers are the message's own headers (a trace context, say).
 	Headers map[string]string
+	// CreatedAt is when the event was enqueued (the enqueuing
+	// transaction's start, by the database's clock): RelayPublished's
+	// events minus it is the publish latency.
+	CreatedAt time.Time
 	// Err is the event's error in RelayFailed.
 	Err error
 }
@@ -95,6 +99,6 @@ func infoOf(e *Event) EventInfo {
 	return EventInfo{
 		ID: e.ID, EventID: e.EventID, EventType: e.EventType, Topic: e.Topic,
 		AggregateType: e.AggregateType, AggregateID: e.AggregateID, Seq: e.Seq,
-		Attempts: e.Attempts, Headers: e.Headers,
+		Attempts: e.Attempts, Headers: e.Headers, CreatedAt: e.CreatedAt,
 	}
 }

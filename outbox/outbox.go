@@ -90,6 +90,10 @@ func NewEventID() string {
 // EnqueueTx writes msgs to the outbox in tx, one statement for the whole
 // slice, and returns their event ids (generated where empty) in order.
 //
+// Trace context: when ctx carries a Propagator (ContextWithPropagator),
+// each message's headers get what it writes (an OpenTelemetry span
+// context), so that the event's consumer continues the caller's trace.
+//
 // Atomicity: the events are part of tx. Nothing is visible to a relay, or
 // published, unless tx commits; a rollback leaves no trace, not even a gap
 // in the aggregate sequence. Relays are woken by a NOTIFY sent at commit.
@@ -153,6 +157,7 @@ func enqueue(ctx context.Context, db DBTX, msgs []Message) ([]string, error) {
 		if m.EventID == "" {
 			m.EventID = NewEventID()
 		}
+		m.Headers = InjectHeaders(ctx, m.Headers) // m is a copy: the caller's map is not changed
 		h := []byte("{}")
 		if len(m.Headers) > 0 {
 			var err error

@@ -149,6 +149,18 @@ type Config struct {
 	// At least MinLedgerTokenLength visible ASCII characters. Defaults to
 	// "" (nobody sees another principal's entries).
 	LedgerToken string
+	// Hook is called for every event of the idempotency middleware in
+	// front of POST /charges (idempotency.Config.Hook), after the
+	// simulator's own counting: for tracing and metrics (package
+	// idemotel's RequestHook). Defaults to nil.
+	Hook func(ctx context.Context, e idempotency.Event) context.Context
+	// Wrap, when set, wraps the simulator's whole handler, every route:
+	// the place for what must see the request before the middleware does,
+	// such as the extraction of an incoming trace context (package
+	// idemotel's Handler), so that the Hook's span continues the caller's
+	// trace. Serve and ServeHTTP both serve the wrapped handler. Defaults
+	// to nil.
+	Wrap func(http.Handler) http.Handler
 
 	// The HTTP server's bounds, used by Serve (not by ServeHTTP: a caller
 	// with its own http.Server sets its own). They are the bounds of
@@ -330,7 +342,7 @@ func New(cfg *Config) (*Server, error) {
 		Scope:     c.Scope,
 		Lease:     c.Lease,
 		Retention: max(idempotency.RetentionDefault, c.Lease),
-		Hook:      s.hook,
+		Hook:      idem.JoinHooks(s.hook, c.Hook),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("paysim: %w", err)
@@ -350,6 +362,9 @@ func New(cfg *Config) (*Server, error) {
 		writeProblem(w, http.StatusNotFound, CodeNotFound, "no such resource: "+r.URL.Path)
 	})
 	s.handler = mux
+	if c.Wrap != nil {
+		s.handler = c.Wrap(mux)
+	}
 	// The server's bounds are internal/httpserver's, as billing's are;
 	// the write timeout also covers the charge's Latency.
 	hc, err := (&httpserver.Config{

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consume"
 	"github.com/idemkit/idem/examples/billing/adapters/out/postgres"
 	"github.com/idemkit/idem/examples/billing/usecase"
@@ -56,6 +57,9 @@ type ChargeWorkerConfig struct {
 	OnProviderReplay func()
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Hook is added to the worker's consumer hook, after its own
+	// (kafka.ConsumerConfig.Hook): tracing, metrics. Defaults to nil.
+	Hook func(ctx context.Context, e kafka.ConsumerEvent) context.Context
 	// ClientOpts are extra franz-go options. Defaults to none.
 	ClientOpts []kgo.Opt
 	// UnsafeNoInbox switches the worker's dedup off (BILLING_UNSAFE=inbox):
@@ -199,7 +203,7 @@ func NewChargeWorker(db consume.DB, gw usecase.PaymentGateway, cfg *ChargeWorker
 		BackoffMin:     c.BackoffMin,
 		BackoffMax:     c.BackoffMax,
 		Prepare:        prepare,
-		Hook:           hook,
+		Hook:           idem.JoinHooks(hook, c.Hook),
 		Logger:         log,
 		ClientOpts:     c.ClientOpts,
 	}

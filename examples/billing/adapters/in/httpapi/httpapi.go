@@ -24,6 +24,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/billing/adapters/out/postgres"
 	"github.com/idemkit/idem/examples/billing/domain"
 	"github.com/idemkit/idem/examples/billing/usecase"
@@ -166,6 +167,10 @@ type Config struct {
 	MetricsHandler http.Handler
 	// Logger receives internal errors. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Hook is added to the idempotency middleware's hook, after the
+	// Metrics' (idempotency.Config.Hook): tracing, other metrics.
+	// Defaults to nil.
+	Hook func(ctx context.Context, e idempotency.Event) context.Context
 
 	// UnsafeNoFingerprint switches the request fingerprint check off (the
 	// chaos harness's BILLING_UNSAFE=fingerprint): the fingerprint covers
@@ -244,7 +249,7 @@ func NewHandler(cfg Config) (http.Handler, *idempotency.Middleware, error) {
 			return p, nil
 		},
 		Mode: idempotency.ModeTransactional,
-		Hook: cfg.Metrics.IdempotencyHook,
+		Hook: idem.JoinHooks(cfg.Metrics.IdempotencyHook, cfg.Hook),
 	}
 	if cfg.UnsafeNoFingerprint {
 		icfg.FingerprintFields = []string{unsafeNoSuchMember}
