@@ -7,7 +7,7 @@ PKGS := ./...
 # modules of their own: `go test ./...` at the root does not enter them, so
 # vet, staticcheck and gotest run once per module. tools/ is the tool
 # module, not tested.
-MODULES := . kafkago natsjs
+MODULES := . kafkago natsjs otel prom
 
 .PHONY: help test fmt-check tidy-check vet staticcheck sqlc-check gotest generate bench
 

@@ -2,6 +2,7 @@ package idemotel
 
 import (
 	"context"
+	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -47,8 +48,9 @@ type requestSpanKey struct{}
 // The span starts at EventBegin as a child of the request's ctx (Handler
 // extracted the caller's trace context there). It is the request's server
 // span (kind server, named "METHOD route") when nothing local started one
-// before it, and an internal span inside an HTTP instrumentation's
-// otherwise. Attributes: http.request.method, http.route, idem.mode,
+// before it, and an internal span ("idempotent METHOD route") inside an
+// HTTP instrumentation's otherwise. The route is the pattern without its
+// method (http.route's form), in the span and in the metrics. Attributes: http.request.method, http.route, idem.mode,
 // http.response.status_code, idem.outcome (the terminal event: complete,
 // replay, conflict, mismatch, release, fenced, store_error, rejected) and
 // idem.claim (claim or takeover) when the handler ran. Never the key, the
@@ -57,9 +59,10 @@ type requestSpanKey struct{}
 // enqueues continues this span's trace.
 func (i *Instrumentation) RequestHook() func(context.Context, idempotency.Event) context.Context {
 	return func(ctx context.Context, e idempotency.Event) context.Context {
+		e.Route = routeOf(e)
 		switch e.Kind {
 		case idempotency.EventBegin:
-			kind, name := trace.SpanKindInternal, "idempotency "+e.Method+" "+e.Route
+			kind, name := trace.SpanKindInternal, "idempotent "+e.Method+" "+e.Route
 			if p := trace.SpanContextFromContext(ctx); !p.IsValid() || p.IsRemote() {
 				kind, name = trace.SpanKindServer, e.Method+" "+e.Route
 			}
@@ -120,4 +123,13 @@ func (i *Instrumentation) RequestHook() func(context.Context, idempotency.Event)
 		span.End()
 		return ctx
 	}
+}
+
+// routeOf is the event's route as http.route spells it: a ServeMux
+// pattern ("POST /orders/{id}/confirm") without its method.
+func routeOf(e idempotency.Event) string {
+	if m, rest, ok := strings.Cut(e.Route, " "); ok && m == e.Method {
+		return rest
+	}
+	return e.Route
 }

@@ -71,7 +71,8 @@ type Want struct {
 	// Attempts by outcome (ok, status), ClientRetries by reason.
 	Attempts      map[string]int
 	ClientRetries map[string]int
-	// Route, Topic and Consumer are the label values used.
+	// Route, Topic and Consumer are the label values used (Route is
+	// RouteMain without its method).
 	Route, Topic, Consumer string
 }
 
@@ -95,7 +96,7 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 func Run(t *testing.T, h Hooks) Want {
 	t.Helper()
 	db := testdb.New(t)
-	w := Want{Route: RouteMain, Topic: Topic, Consumer: Group,
+	w := Want{Route: "/things", Topic: Topic, Consumer: Group,
 		Requests: map[string]int{}, Records: map[string]int{}, Attempts: map[string]int{}, ClientRetries: map[string]int{}}
 	requests(t, db, h, &w)
 	events(t, db, h, &w)

@@ -31,6 +31,13 @@ func New(baseURL string, attemptTimeout time.Duration) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
+	return NewWithClient(baseURL, ic)
+}
+
+// NewWithClient returns a gateway to the provider at baseURL over ic: an
+// idemclient.Client with a hook (tracing, metrics) or a transport of the
+// caller's. Close closes ic's idle connections.
+func NewWithClient(baseURL string, ic *idemclient.Client) (*Gateway, error) {
 	c, err := paysim.NewClient(baseURL, ic)
 	if err != nil {
 		return nil, err
