@@ -314,4 +314,3 @@ func attrValue(s sdktrace.ReadOnlySpan, key string) string {
 	}
 	return ""
 }
-

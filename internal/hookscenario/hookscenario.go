@@ -52,7 +52,7 @@ type Hooks struct {
 // Want is what the scenario did, for the metric assertions.
 type Want struct {
 	// Requests by outcome (the middleware's terminal event kinds).
-	Requests map[string]int
+	Requests                                  map[string]int
 	Replays, Conflicts, Mismatches, Takeovers int
 	// IdempotencyPurged is how many idempotency records the purge deleted.
 	IdempotencyPurged int
@@ -432,4 +432,3 @@ func poll(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond) // a polling interval, not a wait for an event
 	}
 }
-
