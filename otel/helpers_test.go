@@ -61,7 +61,7 @@ func (b *bundle) metrics(t *testing.T) map[string]metricdata.Metrics {
 func match(set attribute.Set, want map[string]string) bool {
 	for k, v := range want {
 		got, ok := set.Value(attribute.Key(k))
-		if !ok || got.Emit() != v {
+		if !ok || got.String() != v {
 			return false
 		}
 	}

@@ -270,7 +270,7 @@ func TestOneTraceFromPOSTToCharge(t *testing.T) {
 	// hooks.)
 	for _, s := range spans {
 		for _, kv := range s.Attributes() {
-			v := kv.Value.Emit()
+			v := kv.Value.String()
 			for _, secret := range []string{"create-key-1", "confirm-key-1", "alice"} {
 				if strings.Contains(v, secret) {
 					t.Errorf("span %s attribute %s = %q carries %q", s.Name(), kv.Key, v, secret)
@@ -309,7 +309,7 @@ func hasAttr(s sdktrace.ReadOnlySpan, want attribute.KeyValue) bool {
 func attrValue(s sdktrace.ReadOnlySpan, key string) string {
 	for _, kv := range s.Attributes() {
 		if string(kv.Key) == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""
