@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem/consume"
 	"github.com/idemkit/idem/examples/billing/adapters/out/postgres"
 	"github.com/idemkit/idem/examples/billing/usecase"
+	"github.com/idemkit/idem/internal/failpoint"
 	"github.com/idemkit/idem/kafka"
 )
 
@@ -158,6 +159,14 @@ func NewChargeWorker(db consume.DB, gw usecase.PaymentGateway, cfg *ChargeWorker
 		cctx, cancel := context.WithTimeout(ctx, c.CallTimeout)
 		res, err := gw.Charge(cctx, cmd)
 		cancel()
+		// Crash window (failpoint.ChargerProviderAnswered): the provider
+		// has answered (charged, or declined for good) and nothing is
+		// committed. A crash here leaves the record uncommitted: it is
+		// redelivered, the call is repeated with the same key, the provider
+		// replays its answer, and the outcome commits once.
+		if ferr := failpoint.Inject(failpoint.ChargerProviderAnswered); ferr != nil {
+			return nil, ferr
+		}
 		switch {
 		case err == nil:
 			if res.Replayed && c.OnProviderReplay != nil {
