@@ -45,6 +45,17 @@ func Usagef(format string, args ...any) error {
 	return &UsageError{Msg: fmt.Sprintf(format, args...)}
 }
 
+// ExitError is a failure with an exit status of its own (billing chaos's
+// 3 for an inconclusive run, say); it is printed as one line like any
+// other error.
+type ExitError struct {
+	Code int
+	Err  error
+}
+
+func (e *ExitError) Error() string { return e.Err.Error() }
+func (e *ExitError) Unwrap() error { return e.Err }
+
 // errHelp means --help was asked for and printed.
 var errHelp = errors.New("help printed")
 
@@ -87,12 +98,16 @@ func Run(prog, summary string, cmds []*Command, args []string, stdout, stderr io
 	defer stop()
 	err := cmd.Run(ctx, args[1:])
 	var ue *UsageError
+	var ee *ExitError
 	switch {
 	case err == nil, errors.Is(err, errHelp):
 		return 0
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "%s %s: %s\n", prog, cmd.Name, oneLine(Scrub(ue.Msg, hiddenURLs()...)))
 		return 2
+	case errors.As(err, &ee):
+		fmt.Fprintf(stderr, "%s %s: %s\n", prog, cmd.Name, oneLine(err.Error()))
+		return ee.Code
 	default:
 		fmt.Fprintf(stderr, "%s %s: %s\n", prog, cmd.Name, oneLine(Scrub(err.Error(), hiddenURLs()...)))
 		return 1

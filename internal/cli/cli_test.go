@@ -26,6 +26,9 @@ func TestRunExitCodes(t *testing.T) {
 			return cli.Parse(fs, args)
 		}},
 		{Name: "fail", Run: func(context.Context, []string) error { return errors.New("broke\nacross lines") }},
+		{Name: "three", Run: func(context.Context, []string) error {
+			return fmt.Errorf("wrapped: %w", &cli.ExitError{Code: 3, Err: errors.New("inconclusive")})
+		}},
 	}
 	testCases := []struct {
 		args       []string
@@ -36,6 +39,7 @@ func TestRunExitCodes(t *testing.T) {
 		{[]string{"usage", "-n", "x"}, 2, `x usage: invalid value "x" for flag -n: parse error` + "\n"},
 		{[]string{"usage", "--help"}, 0, ""},
 		{[]string{"fail"}, 1, "x fail: broke across lines\n"},
+		{[]string{"three"}, 3, "x three: wrapped: inconclusive\n"},
 		{[]string{"nope"}, 2, `x: unknown command "nope" (run 'x --help')` + "\n"},
 	}
 	for _, tt := range testCases {

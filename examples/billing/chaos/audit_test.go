@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func kinds(vs []Violation) []string {
@@ -23,33 +24,59 @@ func kinds(vs []Violation) []string {
 func TestCheck(t *testing.T) {
 	t.Parallel()
 	ch := func(order string, amount int64, key string) charge {
-		return charge{ChargeID: "ch-" + key, IdempotencyKey: key, OrderID: order, AmountKopecks: amount}
+		return charge{ChargeID: "ch-" + key, IdempotencyKey: key, OrderID: order, CustomerID: "c-" + order, Principal: providerPrincipal, AmountKopecks: amount}
+	}
+	dec := func(order string, amount int64, key string) decline {
+		return decline{DeclineID: "dc-" + key, IdempotencyKey: key, OrderID: order, CustomerID: "c-" + order, Principal: providerPrincipal, AmountKopecks: amount, Code: "CARD_DECLINED"}
+	}
+	exp := func(what, order string, amount int64, status, key string) expectation {
+		return expectation{what: what, orderID: order, customerID: "c-" + order, amount: amount, status: status, keys: []string{key}}
 	}
 	base := []expectation{
-		{what: "order o1", orderID: "o1", amount: 1000, status: "CHARGED"},
-		{what: "payment p1", orderID: "o2", amount: 950, status: "CHARGED"},
-		{what: "order o3", orderID: "o3", amount: 300, status: "FAILED"},
+		exp("order o1", "o1", 1000, "CHARGED", "e1:billing"),
+		exp("payment p1", "o2", 950, "CHARGED", "p1:charge"),
+		exp("order o3", "o3", 300, "FAILED", "e3:billing"),
 	}
-	good := []charge{ch("o1", 1000, "e1:billing"), ch("o2", 950, "p1:charge")}
+	good := ledger{Charges: []charge{ch("o1", 1000, "e1:billing"), ch("o2", 950, "p1:charge")}, Declines: []decline{dec("o3", 300, "e3:billing")}}
+	with := func(mod func(l *ledger)) ledger {
+		l := ledger{Charges: append([]charge(nil), good.Charges...), Declines: append([]decline(nil), good.Declines...)}
+		mod(&l)
+		return l
+	}
 	testCases := []struct {
-		name    string
-		exp     []expectation
-		charges []charge
-		want    []string
+		name string
+		exp  []expectation
+		l    ledger
+		want []string
 	}{
 		{"all good", base, good, nil},
-		{"double charge", base, append(good, ch("o1", 1000, "e1-again:billing")), []string{"double-charge"}},
-		{"lost charge", base, good[:1], []string{"lost-charge"}},
-		{"failed but charged", base, append(good, ch("o3", 300, "e3:billing")), []string{"failed-but-charged"}},
-		{"charge without order", base, append(good, ch("o9", 500, "x")), []string{"orphan-charge"}},
-		{"wrong amount", base, []charge{ch("o1", 1001, "e1:billing"), good[1]}, []string{"lost-charge", "orphan-charge"}},
-		{"duplicate payment from a fresh key", base, append(good, ch("o2", 950, "p1b:charge")), []string{"double-charge"}},
-		{"not final", append(base, expectation{what: "order o4", orderID: "o4", amount: 10, status: "CONFIRMED"}), good, []string{"not-final"}},
+		{"double charge", base, with(func(l *ledger) { l.Charges = append(l.Charges, ch("o1", 1000, "e1:billing")) }), []string{"double-charge"}},
+		{"lost charge", base, with(func(l *ledger) { l.Charges = l.Charges[:1] }), []string{"lost-charge"}},
+		{"failed but charged", base, with(func(l *ledger) { l.Charges = append(l.Charges, ch("o3", 300, "e3:billing")) }), []string{"failed-but-charged"}},
+		// A provider 500 turned into FAILED: paysim declined nothing.
+		{"failed without a decline", base, with(func(l *ledger) { l.Declines = nil }), []string{"unexplained-failure"}},
+		{"declined twice", base, with(func(l *ledger) { l.Declines = append(l.Declines, dec("o3", 300, "e3:billing")) }), []string{"double-decline"}},
+		{"charged and declined", base, with(func(l *ledger) { l.Declines = append(l.Declines, dec("o1", 1000, "e1:billing")) }), []string{"charged-and-declined"}},
+		{"charge without order", base, with(func(l *ledger) { l.Charges = append(l.Charges, ch("o9", 500, "x")) }), []string{"orphan-charge"}},
+		{"decline without order", base, with(func(l *ledger) { l.Declines = append(l.Declines, dec("o9", 500, "x")) }), []string{"orphan-decline"}},
+		{"wrong amount", base, with(func(l *ledger) { l.Charges[0].AmountKopecks = 1001 }), []string{"lost-charge", "orphan-charge"}},
+		{"wrong customer", base, with(func(l *ledger) { l.Charges[1].CustomerID = "c-someone" }), []string{"wrong-customer"}},
+		{"wrong customer on a decline", base, with(func(l *ledger) { l.Declines[0].CustomerID = "c-someone" }), []string{"wrong-customer"}},
+		{"wrong principal", base, with(func(l *ledger) { l.Charges[0].Principal = "Bearer other" }), []string{"wrong-principal"}},
+		// The retry that changed keys: the only charge carries a key no
+		// command has.
+		{"key not the command's", base, with(func(l *ledger) { l.Charges[1].IdempotencyKey = "p1:charge-r3" }), []string{"wrong-key"}},
+		{"duplicate payment from a fresh key", base, with(func(l *ledger) { l.Charges = append(l.Charges, ch("o2", 950, "p1b:charge")) }), []string{"double-charge", "wrong-key"}},
+		{"two commands for one target", append(base[:2:2], expectation{what: "order o3", orderID: "o3", customerID: "c-o3", amount: 300, status: "FAILED", keys: []string{"e3:billing", "e3b:billing"}}),
+			good, []string{"double-command"}},
+		{"no command at all", append(base[:2:2], expectation{what: "order o3", orderID: "o3", customerID: "c-o3", amount: 300, status: "FAILED", keys: []string{}}),
+			good, []string{"wrong-key"}},
+		{"not final", append(base, exp("order o4", "o4", 10, "CONFIRMED", "e4:billing")), good, []string{"not-final"}},
 	}
 	for _, tt := range testCases {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			res := check(tt.exp, tt.charges)
+			res := check(tt.exp, tt.l)
 			got := kinds(res.violations)
 			if len(got) != len(tt.want) {
 				t.Fatalf("violations %v (%+v), want %v", got, res.violations, tt.want)
@@ -62,8 +89,41 @@ func TestCheck(t *testing.T) {
 		})
 	}
 	res := check(base, good)
-	if res.orders != 2 || res.payments != 1 || res.charged != 2 || res.failed != 1 {
+	if res.orders != 2 || res.payments != 1 || res.charged != 2 || res.failed != 1 || res.declines != 1 {
 		t.Fatalf("counts %+v", res)
+	}
+}
+
+func TestLedgerWatchOutlastsEveryRedeliveryTimer(t *testing.T) {
+	t.Parallel()
+	c := (&Config{IdemBin: "i", BillingBin: "b", DatabaseURL: "d"}).withDefaults()
+	watch, longest := c.ledgerWatch()
+	for _, tm := range c.redeliveryTimers() {
+		if watch <= tm.d {
+			t.Errorf("watch %v does not outlast %s %v", watch, tm.name, tm.d)
+		}
+	}
+	if longest.d != outboxLeaseTTL(c.ShutdownTimeout)+5*time.Second || watch < longest.d+2*time.Second {
+		t.Errorf("longest %s %v, watch %v", longest.name, longest.d, watch)
+	}
+	// An override in Env is the configuration the instances run with.
+	c.Env = []string{"KAFKA_SESSION_TIMEOUT=40s"}
+	if watch, longest := c.ledgerWatch(); longest.d != 40*time.Second || watch != 50*time.Second {
+		t.Errorf("with a 40s session: longest %s %v, watch %v", longest.name, longest.d, watch)
+	}
+}
+
+func TestCommandKeys(t *testing.T) {
+	t.Parallel()
+	rows := []outboxRow{
+		{EventType: "OrderConfirmed", Payload: []byte(`{"order_id":"o1"}`)},
+		{EventType: "ChargeRequested", Payload: []byte(`{"target":"order","target_id":"o1","idempotency_key":"e1:billing"}`)},
+		{EventType: "ChargeRequested", Payload: []byte(`{"target":"payment","target_id":"p1","idempotency_key":"p1:charge"}`)},
+		{EventType: "ChargeRequested", Payload: []byte(`not json`)},
+	}
+	got := commandKeys(rows)
+	if len(got) != 2 || got["order o1"][0] != "e1:billing" || got["payment p1"][0] != "p1:charge" {
+		t.Fatalf("commandKeys = %v", got)
 	}
 }
 

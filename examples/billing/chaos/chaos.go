@@ -22,6 +22,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemkit/idem/examples/billing/consumer"
+	"github.com/idemkit/idem/examples/billing/usecase"
+	"github.com/idemkit/idem/internal/failpoint"
 	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/internal/pgtemp"
 )
@@ -75,7 +81,26 @@ type run struct {
 
 	kills, terms, unclean, restarts, brokerRestarts atomic.Int64
 	pgRestarts, netCuts, netCutConns, startRetries  atomic.Int64
+	selfExits, selfRestarts                         atomic.Int64
 	progress                                        *progress
+
+	// fp arms the failpoints of one instance (Config.Failpoints); nil
+	// without.
+	fp *failpoints
+	// migrated is set once billing's schema exists (the first instance
+	// is up).
+	migrated atomic.Bool
+	// instMu serialises stopping and starting instances between the chaos
+	// lane and the supervisor that restarts instances that died on their
+	// own.
+	instMu sync.Mutex
+	// supCtx ends the supervisor's restarts; closing refuses new ones.
+	supCtx    context.Context
+	supCancel context.CancelFunc
+	supMu     sync.Mutex
+	supWG     sync.WaitGroup
+	closing   bool
+	runID     string
 }
 
 // Run starts the children, drives the load while killing and restarting
@@ -93,7 +118,7 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 	r := &run{cfg: c, rep: &Report{
 		Seed: c.Seed, Unsafe: c.Unsafe, Orders: c.Orders, Payments: c.Payments,
 		Instances: c.Instances, DropRate: c.DropRate, FailRate: c.FailRate,
-		ProduceFailRate: c.ProduceFailRate,
+		ProduceFailRate: c.ProduceFailRate, DeclineRate: c.DeclineRate,
 	}}
 	tempWork := c.WorkDir == ""
 	if tempWork {
@@ -111,6 +136,8 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 	defer r.hc.CloseIdleConnections()
 	r.scr = newScraper(r.hc)
 	r.progress = newProgress(c.Progress, c.ProgressTTY)
+	r.supCtx, r.supCancel = context.WithCancel(ctx)
+	defer r.supCancel()
 
 	err := r.execute(ctx)
 	r.stopAll()
@@ -140,6 +167,7 @@ func (r *run) execute(ctx context.Context) error {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	runID := "chaos" + hex.EncodeToString(b[:])
+	r.runID = runID
 
 	instanceDB, err := r.setupDatabase(ctx)
 	if err != nil {
@@ -167,7 +195,7 @@ func (r *run) execute(ctx context.Context) error {
 			args = append(args, "--produce-fail-rate", strconv.FormatFloat(c.ProduceFailRate, 'f', -1, 64),
 				"--produce-fail-seed", strconv.FormatInt(c.Seed, 10))
 		}
-		r.broker, err = newProc("devkafka", c.IdemBin, args, nil, addr, r.logDir, tcpReady(addr))
+		r.broker, err = newProc("devkafka", c.IdemBin, args, []string{disarmed}, addr, r.logDir, tcpReady(addr))
 		if err != nil {
 			return err
 		}
@@ -187,13 +215,16 @@ func (r *run) execute(ctx context.Context) error {
 		[]string{"paysim",
 			"--drop-rate", strconv.FormatFloat(c.DropRate, 'f', -1, 64),
 			"--fail-rate", strconv.FormatFloat(c.FailRate, 'f', -1, 64),
+			"--decline-rate", strconv.FormatFloat(c.DeclineRate, 'f', -1, 64),
 			"--seed", strconv.FormatInt(c.Seed, 10)},
-		[]string{"PAYSIM_ADDR=" + paddr, "DATABASE_URL=" + c.DatabaseURL}, paddr, r.logDir,
+		// paysim is the ground truth: never armed, whatever the harness's
+		// own environment says.
+		[]string{"PAYSIM_ADDR=" + paddr, "DATABASE_URL=" + c.DatabaseURL, disarmed}, paddr, r.logDir,
 		httpReady(r.hc, "http://"+paddr+"/ledger"))
 	if err != nil {
 		return err
 	}
-	r.progress.logf("starting paysim on %s (drop %.0f%%, fail %.0f%%)", paddr, c.DropRate*100, c.FailRate*100)
+	r.progress.logf("starting paysim on %s (drop %.0f%%, fail %.0f%%, decline %.0f%%)", paddr, c.DropRate*100, c.FailRate*100, c.DeclineRate*100)
 	if err := r.paysim.start(ctx); err != nil {
 		return err
 	}
@@ -227,7 +258,19 @@ func (r *run) execute(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		p.moreEnv = func() []string { return r.armEnv(p) }
+		p.onCrash = r.crashed
+		p.out.onMarker = func(line string) {
+			if r.fp != nil && r.fp.hit(line) {
+				r.progress.logf("%s: %s", p.name, strings.TrimPrefix(line, markerPrefix))
+			}
+		}
 		r.instances = append(r.instances, p)
+	}
+	if c.Failpoints {
+		h := r.instances[uint64(c.Seed)%uint64(len(r.instances))]
+		r.fp = newFailpoints(c.FailpointHits, h)
+		r.progress.logf("failpoints: %s is armed (kill at every window not yet hit %d times)", h.name, c.FailpointHits)
 	}
 	// One at a time: the first applies the migrations and creates the
 	// topics, the others find them done.
@@ -236,6 +279,7 @@ func (r *run) execute(ctx context.Context) error {
 		if err := r.startInstance(ctx, p); err != nil {
 			return err
 		}
+		r.migrated.Store(true)
 	}
 
 	r.drv = newDriver(c, runID, r.instances, r.violation)
@@ -272,6 +316,11 @@ func (r *run) execute(ctx context.Context) error {
 		return err
 	}
 	r.progress.phase("quiescence")
+	if r.fp != nil {
+		// The holder's later incarnations start disarmed: quiescence waits
+		// for the system to settle, and the audit reads a still ledger.
+		r.fp.stopArming()
+	}
 	qstart := time.Now()
 	statuses, err := r.quiesce(ctx)
 	r.rep.QuiescenceSeconds = time.Since(qstart).Seconds()
@@ -376,6 +425,8 @@ func (r *run) lane(ctx context.Context, evs []event, rng *mrand.Rand, loadDone <
 func (r *run) instanceEvent(ctx context.Context, ev event, rng *mrand.Rand) error {
 	c := &r.cfg
 	p := r.instances[rng.IntN(len(r.instances))]
+	r.instMu.Lock()
+	defer r.instMu.Unlock()
 	r.scr.scrape(ctx, p, "/metrics")
 	r.scr.freeze(p)
 	if ev.kind == "kill" {
@@ -466,6 +517,76 @@ func (r *run) startInstance(ctx context.Context, p *proc) error {
 	return err
 }
 
+// disarmed is the environment entry that keeps a child's failpoints off
+// whatever the harness's own environment holds.
+const disarmed = failpoint.EnvVar + "="
+
+// armEnv is a billing instance's failpoint environment for its next
+// incarnation: the holder's armed windows, or disarmed.
+func (r *run) armEnv(p *proc) []string {
+	if r.fp == nil || p != r.fp.holder {
+		return []string{disarmed}
+	}
+	if r.migrated.Load() && r.fp.wantsPurge() {
+		tag := fmt.Sprintf("%s-%s-%d", r.runID, p.name, time.Now().UnixNano())
+		if err := seedPurge(r.supCtx, r.billingDB, tag); err != nil {
+			// The database may be down (PGRestarts): this incarnation then
+			// has nothing to purge, a later one will.
+			r.progress.logf("failpoints: %v", err)
+		}
+	}
+	spec := r.fp.spec()
+	if spec == "" {
+		return []string{disarmed}
+	}
+	return []string{failpoint.EnvVar + "=" + spec}
+}
+
+// crashed is called when an instance exits on its own after it was ready:
+// a failpoint's kill, or a crash. It is started again, as a supervisor
+// would, after the consumer-group session of the dead member has run out
+// (a member joining while the dead one still holds the group makes the
+// broker wait for the dead one through the rebalance).
+func (r *run) crashed(p *proc) {
+	r.supMu.Lock()
+	if r.closing {
+		r.supMu.Unlock()
+		return
+	}
+	r.supWG.Add(1)
+	r.supMu.Unlock()
+	r.selfExits.Add(1)
+	p.mu.Lock()
+	gen := p.starts
+	p.mu.Unlock()
+	go func() {
+		defer r.supWG.Done()
+		ctx := r.supCtx
+		r.progress.logf("%s: exited on its own; restarting after %v", p.name, r.cfg.SessionTimeout)
+		if !sleep(ctx, r.cfg.SessionTimeout+time.Duration(mrand.IntN(500))*time.Millisecond) {
+			return
+		}
+		r.instMu.Lock()
+		defer r.instMu.Unlock()
+		p.mu.Lock()
+		same := p.starts == gen
+		p.mu.Unlock()
+		// The chaos lane may have restarted it meanwhile.
+		if ctx.Err() != nil || !same {
+			return
+		}
+		p.forget()
+		if err := r.startInstance(ctx, p); err != nil {
+			if ctx.Err() == nil {
+				r.violation(Violation{Kind: "instance-down", Subject: p.name, Detail: fmt.Sprintf("could not be restarted after it exited: %v", err)})
+			}
+			return
+		}
+		r.selfRestarts.Add(1)
+		r.progress.logf("%s: restarted", p.name)
+	}()
+}
+
 // startAttempts bounds startInstance: an instance that cannot start this
 // many times in a row is a failed run, not a fault to ride out.
 const startAttempts = 8
@@ -509,8 +630,8 @@ func (r *run) setupDatabase(ctx context.Context) (string, error) {
 }
 
 // quiesce waits until every confirmed order and accepted payment is
-// CHARGED or FAILED, then until the ledger stops growing (a late duplicate
-// charge would land after the status is final).
+// CHARGED or FAILED, then until the system is idle, then watches the
+// ledger: see settle.
 func (r *run) quiesce(ctx context.Context) (map[string]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Quiescence)
 	defer cancel()
@@ -560,67 +681,147 @@ func (r *run) quiesce(ctx context.Context) (map[string]string, error) {
 		}
 	}
 	r.progress.setPending(len(pending))
-	// The ledger must be still for three polls in a row.
-	prev, still := -1, 0
-	for still < 3 && ctx.Err() == nil {
-		l, err := r.ledger(ctx)
-		if err == nil && len(l) == prev {
-			still++
-		} else {
-			still = 0
-		}
-		if err == nil {
-			prev = len(l)
-		}
-		sleep(ctx, 700*time.Millisecond)
-	}
-	// The relays must have delivered every event: the Kafka audit reads
-	// the topics next, and an event still PENDING then would be reported
-	// lost (as it is when the relays never get to it before the deadline).
-	for ctx.Err() == nil {
-		n, err := outboxBacklog(ctx, r.billingDB)
-		if err == nil && n == 0 {
-			break
-		}
-		sleep(ctx, 500*time.Millisecond)
-	}
+	r.settle(ctx)
 	return statuses, nil
 }
 
-// charge is one row of paysim's GET /ledger.
-type charge struct {
-	ChargeID       string `json:"charge_id"`
-	IdempotencyKey string `json:"idempotency_key"`
-	OrderID        string `json:"order_id"`
-	AmountKopecks  int64  `json:"amount_kopecks"`
+// settle waits until nothing is left in flight anywhere billing could
+// still act from, then watches the ledger for longer than the longest
+// redelivery timer of the run's configuration (Config.ledgerWatch); a
+// ledger that changes meanwhile starts the wait over. Idle means: the
+// outbox has no PENDING or PUBLISHING row (the Kafka audit reads the topics
+// next; an event still owed would be reported lost), both consumer groups
+// have committed every record of their topic (no lag: a record still
+// uncommitted will be redelivered), and no idempotency claim holds a live
+// lease (a request still running may act). A final status alone proves
+// none of this: a duplicate made by a late redelivery lands after it.
+func (r *run) settle(ctx context.Context) {
+	watch, longest := r.cfg.ledgerWatch()
+	r.rep.LedgerWatchSeconds = watch.Seconds()
+	r.rep.LongestTimer = fmt.Sprintf("%s %v", longest.name, longest.d)
+	for ctx.Err() == nil {
+		for ctx.Err() == nil {
+			why, err := r.busy(ctx)
+			if err == nil && why == "" {
+				break
+			}
+			r.progress.setBusy(why, err)
+			sleep(ctx, 500*time.Millisecond)
+		}
+		before, err := r.ledger(ctx)
+		if err != nil {
+			sleep(ctx, 500*time.Millisecond)
+			continue
+		}
+		r.progress.setBusy(fmt.Sprintf("idle; watching the ledger for %v", watch.Truncate(100*time.Millisecond)), nil)
+		still := true
+		end := time.Now().Add(watch)
+		for still && time.Now().Before(end) && sleep(ctx, 500*time.Millisecond) {
+			l, err := r.ledger(ctx)
+			if err == nil && (len(l.Charges) != len(before.Charges) || len(l.Declines) != len(before.Declines)) {
+				still = false
+				r.rep.LedgerLateChanges++
+				r.progress.logf("quiescence: the ledger changed while idle (%d charges, %d declines; was %d, %d): waiting again",
+					len(l.Charges), len(l.Declines), len(before.Charges), len(before.Declines))
+			}
+		}
+		if still && ctx.Err() == nil {
+			return
+		}
+	}
 }
 
-func (r *run) ledger(ctx context.Context) ([]charge, error) {
+// busy says what is still in flight ("" for nothing).
+func (r *run) busy(ctx context.Context) (string, error) {
+	ob, leases, err := inFlight(ctx, r.billingDB)
+	if err != nil {
+		return "", err
+	}
+	if ob > 0 {
+		return fmt.Sprintf("%d outbox events unpublished", ob), nil
+	}
+	if leases > 0 {
+		return fmt.Sprintf("%d idempotency claims with a live lease", leases), nil
+	}
+	lag, err := consumerLag(ctx, r.brokers)
+	if err != nil {
+		return "", err
+	}
+	if lag != "" {
+		return lag, nil
+	}
+	return "", nil
+}
+
+// consumerLag says which of billing's consumer groups has records it has
+// not committed ("" when none), from the group's committed offsets and the
+// topics' end offsets read from the broker.
+func consumerLag(ctx context.Context, brokers []string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return "", err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	groups := []struct{ group, topic string }{
+		{consumer.OrderGroup, usecase.TopicOrderEvents},
+		{consumer.ChargeGroupDefault, usecase.TopicBillingCommands},
+	}
+	var lagging []string
+	for _, g := range groups {
+		ends, err := adm.ListEndOffsets(ctx, g.topic)
+		if err != nil {
+			return "", err
+		}
+		if err := ends.Error(); err != nil {
+			return "", err
+		}
+		offs, err := adm.FetchOffsets(ctx, g.group)
+		if err != nil {
+			return "", err
+		}
+		var lag int64
+		ends.Each(func(o kadm.ListedOffset) {
+			var at int64
+			if c, ok := offs.Lookup(o.Topic, o.Partition); ok && c.Err == nil && c.At > 0 {
+				at = c.At
+			}
+			lag += max(o.Offset-at, 0)
+		})
+		if lag > 0 {
+			lagging = append(lagging, fmt.Sprintf("%s %d behind on %s", g.group, lag, g.topic))
+		}
+	}
+	return strings.Join(lagging, ", "), nil
+}
+
+// ledger reads paysim's whole ledger.
+func (r *run) ledger(ctx context.Context) (ledger, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.paysim.addr+"/ledger", nil)
 	if err != nil {
-		return nil, err
+		return ledger{}, err
 	}
 	resp, err := r.hc.Do(req)
 	if err != nil {
-		return nil, err
+		return ledger{}, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, err
+		return ledger{}, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("chaos: GET /ledger: %d %s", resp.StatusCode, clip(b))
+		return ledger{}, fmt.Errorf("chaos: GET /ledger: %d %s", resp.StatusCode, clip(b))
 	}
-	var l struct {
-		Charges []charge `json:"charges"`
-	}
+	var l ledger
 	if err := json.Unmarshal(b, &l); err != nil {
-		return nil, fmt.Errorf("chaos: GET /ledger: %w", err)
+		return ledger{}, fmt.Errorf("chaos: GET /ledger: %w", err)
 	}
-	return l.Charges, nil
+	return l, nil
 }
 
 func (r *run) fillReport() {
@@ -641,6 +842,11 @@ func (r *run) fillReport() {
 	rep.NetCuts = int(r.netCuts.Load())
 	rep.NetCutConns = int(r.netCutConns.Load())
 	rep.StartRetries = int(r.startRetries.Load())
+	rep.SelfExits = int(r.selfExits.Load())
+	rep.SelfRestarts = int(r.selfRestarts.Load())
+	if r.fp != nil {
+		rep.Failpoints = r.fp.report()
+	}
 	rep.Stopped.HTTPReplays = d.replays.Load()
 	rep.Stopped.HTTPInProgress = d.inProgress.Load()
 	rep.Stopped.Fingerprint = d.reuseRejected.Load()
@@ -668,31 +874,60 @@ func (r *run) fillReport() {
 	d.mu.Unlock()
 }
 
-// audit checks the ledger against what the driver was promised.
+// audit checks the ledger against what the driver was promised, and the
+// topics against the outbox.
 func (r *run) audit(ctx context.Context, statuses map[string]string) error {
-	charges, err := r.ledger(ctx)
+	l, err := r.ledger(ctx)
 	if err != nil {
 		return err
 	}
-	res := check(r.drv.expected(statuses), charges)
-	r.rep.LedgerCharges = len(charges)
+	rows, err := loadOutbox(ctx, r.billingDB)
+	if err != nil {
+		return err
+	}
+	exp := r.drv.expected(statuses)
+	keys := commandKeys(rows)
+	for i := range exp {
+		// A target with no command gets an empty, non-nil list: any key
+		// on its charge is then wrong.
+		exp[i].keys = append([]string{}, keys[exp[i].what]...)
+	}
+	res := check(exp, l)
+	r.rep.LedgerCharges, r.rep.LedgerDeclines = len(l.Charges), len(l.Declines)
 	r.rep.ConfirmedOrders, r.rep.AcceptedPayments = res.orders, res.payments
 	r.rep.Charged, r.rep.Failed = res.charged, res.failed
 	for _, v := range res.violations {
 		r.violation(v)
 	}
-	return r.auditKafka(ctx)
+	return r.auditKafka(ctx, rows)
+}
+
+// commandKeys maps "order ID" and "payment ID" to the idempotency keys of
+// the ChargeRequested commands billing's outbox holds for that target.
+func commandKeys(rows []outboxRow) map[string][]string {
+	out := map[string][]string{}
+	for _, row := range rows {
+		if row.EventType != usecase.EventChargeRequested {
+			continue
+		}
+		var c struct {
+			Target         string `json:"target"`
+			TargetID       string `json:"target_id"`
+			IdempotencyKey string `json:"idempotency_key"`
+		}
+		if json.Unmarshal(row.Payload, &c) != nil {
+			continue
+		}
+		out[c.Target+" "+c.TargetID] = append(out[c.Target+" "+c.TargetID], c.IdempotencyKey)
+	}
+	return out
 }
 
 // auditKafka checks every outbox event against the topics (checkKafka).
 // The outbox table is complete: billing's relay keeps PUBLISHED rows for
 // outbox.RetentionDefault (7 days) before purging them, far longer than a
 // run.
-func (r *run) auditKafka(ctx context.Context) error {
-	rows, err := loadOutbox(ctx, r.billingDB)
-	if err != nil {
-		return err
-	}
+func (r *run) auditKafka(ctx context.Context, rows []outboxRow) error {
 	seen := map[string]bool{}
 	var topics []string
 	for _, row := range rows {
@@ -716,6 +951,15 @@ func (r *run) auditKafka(ctx context.Context) error {
 }
 
 func (r *run) stopAll() {
+	// No restart may start a process after this: pending ones see
+	// closing, the one in hand finishes under instMu first.
+	r.supMu.Lock()
+	r.closing = true
+	r.supMu.Unlock()
+	r.supCancel()
+	r.supWG.Wait()
+	r.instMu.Lock()
+	defer r.instMu.Unlock()
 	var wg sync.WaitGroup
 	for _, p := range r.instances {
 		wg.Add(1)

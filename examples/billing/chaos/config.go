@@ -4,7 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
+
+	"github.com/idemkit/idem/examples/billing/consumer"
+	"github.com/idemkit/idem/outbox"
 )
 
 // Unsafe layers: each switches off one protection, and the audit must then
@@ -113,6 +117,17 @@ type Config struct {
 	// load, every other time after a stall of up to 2s. Defaults to 0;
 	// needs the devkafka child.
 	NetCuts int
+	// DeclineRate: paysim declines this share of charge keys for good
+	// (402 CARD_DECLINED, recorded in its ledger); the only FAILED the
+	// audit accepts is one that matches such a decline. Defaults to 0.
+	DeclineRate float64
+	// Failpoints arms the crash windows of internal/failpoint (kill
+	// actions) in one billing instance at a time, until each window has
+	// been hit FailpointHits times; see failpoints.go. Defaults to false.
+	Failpoints bool
+	// FailpointHits is the hits per window after which it is disarmed.
+	// Defaults to FailpointHitsDefault (1).
+	FailpointHits int
 	// Seed drives every random choice: the driver's, the chaos schedule's,
 	// paysim's and devkafka's produce failures. Defaults to a seed from the
 	// clock (reported).
@@ -184,6 +199,7 @@ func (c *Config) withDefaults() Config {
 	def(&out.Payments, PaymentsDefault)
 	def(&out.Instances, InstancesDefault)
 	def(&out.Concurrency, ConcurrencyDefault)
+	def(&out.FailpointHits, FailpointHitsDefault)
 	if out.DuplicateRate == 0 {
 		out.DuplicateRate = DuplicateRateDefault
 	}
@@ -248,6 +264,10 @@ func (c *Config) validate() error {
 		return bad("DropRate %v out of range [0,1)", c.DropRate)
 	case c.FailRate < 0, c.FailRate >= 1:
 		return bad("FailRate %v out of range [0,1)", c.FailRate)
+	case c.DeclineRate < 0, c.DeclineRate >= 1:
+		return bad("DeclineRate %v out of range [0,1)", c.DeclineRate)
+	case c.FailpointHits < 1:
+		return bad("FailpointHits %d < 1", c.FailpointHits)
 	case c.DuplicateRate > 1, c.ClientDropRate >= 1:
 		return bad("DuplicateRate must be <= 1 and ClientDropRate < 1")
 	case c.SessionTimeout < 0:
@@ -269,4 +289,57 @@ func (c *Config) validate() error {
 // 10s), which the relay requires.
 func outboxLeaseTTL(shutdown time.Duration) time.Duration {
 	return max(OutboxLeaseTTLMin, shutdown*4/10)
+}
+
+// timer is one of the system's own redelivery timers: how long after a
+// crash or a failure something is done again.
+type timer struct {
+	name string
+	d    time.Duration
+}
+
+// redeliveryTimers lists the timers of the run's billing configuration,
+// Env's overrides included.
+func (c *Config) redeliveryTimers() []timer {
+	lease := outboxLeaseTTL(c.ShutdownTimeout)
+	session, rebalance := c.SessionTimeout, c.SessionTimeout
+	for _, kv := range c.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			continue
+		}
+		switch k {
+		case "OUTBOX_LEASE_TTL":
+			lease = d
+		case "KAFKA_SESSION_TIMEOUT":
+			session = d
+		case "KAFKA_REBALANCE_TIMEOUT":
+			rebalance = d
+		}
+	}
+	return []timer{
+		// A relay that died mid-batch leaves rows PUBLISHING: the reaper,
+		// every ReapInterval, returns them after the lease.
+		{"outbox lease + reaper interval", lease + outbox.ReapIntervalDefault},
+		// A dead consumer keeps its partitions until its session expires;
+		// a rebalance waits this long for a member to rejoin.
+		{"consumer session timeout", session},
+		{"consumer rebalance timeout", rebalance},
+		// A charge whose outcome was unknown is retried after at most this.
+		{"charger retry backoff", consumer.RetryBackoffMaxDefault},
+	}
+}
+
+// ledgerWatch is how long quiescence watches a still ledger: longer than
+// the longest redelivery timer (with a quarter, at least 2s, to spare), so
+// that a duplicate charge made by a late redelivery lands inside it.
+func (c *Config) ledgerWatch() (time.Duration, timer) {
+	var longest timer
+	for _, t := range c.redeliveryTimers() {
+		if t.d > longest.d {
+			longest = t
+		}
+	}
+	return longest.d + max(2*time.Second, longest.d/4), longest
 }

@@ -9,7 +9,9 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,13 +39,20 @@ type payment struct {
 	Amount     int64
 }
 
-// keyRecord is every final answer the driver saw for one Idempotency-Key.
+// keyRecord is the first final answer the driver saw for one
+// Idempotency-Key, which every later answer must repeat.
 type keyRecord struct {
 	path   string
 	status int
+	header http.Header // the replayHeaders only
 	body   []byte
 	seen   int
 }
+
+// replayHeaders are the response headers a replay must repeat: the
+// idempotency middleware's default allow-list
+// (idempotency.ReplayHeadersDefault), which billing keeps.
+var replayHeaders = []string{"Content-Type", "Content-Language", "Location"}
 
 // driver is the load driver: it creates and confirms orders and creates
 // payments against the billing instances, retrying every POST with the
@@ -173,6 +182,11 @@ func (d *driver) runTask(ctx context.Context, t task) {
 	d.mu.Lock()
 	d.orders = append(d.orders, o)
 	d.mu.Unlock()
+	if d.cfg.Unsafe != UnsafeKey && !t.forPayment && (t.n == 0 || t.rng.Float64() < reuseRate) {
+		d.probeFields(ctx, t.rng, "/orders", d.key(kind, t.n, "create"),
+			map[string]any{"customer_id": cust, "total_kopecks": total},
+			map[string]any{"customer_id": otherCustomer(cust), "total_kopecks": total + 100})
+	}
 
 	if !t.forPayment {
 		_, _, err := d.post(ctx, t, "/orders/"+o.ID+"/confirm", nil, d.key(kind, t.n, "confirm"), http.StatusOK, false)
@@ -203,21 +217,47 @@ func (d *driver) runTask(ctx context.Context, t task) {
 	d.payments = append(d.payments, &payment{ID: pay.ID, OrderID: o.ID, CustomerID: cust, Amount: amount})
 	d.mu.Unlock()
 	if d.cfg.Unsafe != UnsafeKey && (t.n == 0 || t.rng.Float64() < reuseRate) {
-		body, _ = json.Marshal(map[string]any{"order_id": o.ID, "customer_id": cust, "amount_kopecks": amount + 1})
-		d.probeReuse(ctx, t.rng, "/payments", body, d.key("payment", t.n, "create"))
+		// Every member in turn, so that a fingerprint covering only some
+		// of them (the amount, say) is caught whichever it leaves out.
+		d.probeFields(ctx, t.rng, "/payments", d.key("payment", t.n, "create"),
+			map[string]any{"order_id": o.ID, "customer_id": cust, "amount_kopecks": amount},
+			map[string]any{"order_id": o.ID + "x", "customer_id": otherCustomer(cust), "amount_kopecks": amount + 1})
 	}
 }
 
-// reuseRate is the share of payments whose key the driver then reuses with
-// another amount, a client bug the fingerprint check must refuse.
+// otherCustomer is a customer id other than c.
+func otherCustomer(c string) string { return c + "x" }
+
+// probeFields sends, under key (already used with base), base with one
+// member replaced by its alt value, for every member of alt in turn.
+func (d *driver) probeFields(ctx context.Context, rng *rand.Rand, path, key string, base, alt map[string]any) {
+	names := make([]string, 0, len(alt))
+	for k := range alt {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		b := make(map[string]any, len(base))
+		for k, v := range base {
+			b[k] = v
+		}
+		b[name] = alt[name]
+		body, _ := json.Marshal(b)
+		d.probeReuse(ctx, rng, path, body, key, name)
+	}
+}
+
+// reuseRate is the share of orders and payments whose key the driver then
+// reuses with another body (each member changed in turn), a client bug the
+// fingerprint check must refuse.
 const reuseRate = 0.1
 
-// probeReuse sends body under a key already used with another body. The
-// only right answer is IDEMPOTENCY_KEY_REUSED (409, or 422 per the IETF
-// draft): a replay would tell the client that its second amount was
-// accepted when the first was charged, and a fresh execution would charge
-// twice. The answer is not recorded as a replay of the key.
-func (d *driver) probeReuse(ctx context.Context, rng *rand.Rand, path string, body []byte, key string) {
+// probeReuse sends body (field changed) under a key already used with
+// another body. The only right answer is IDEMPOTENCY_KEY_REUSED (409, or
+// 422 per the IETF draft): a replay would tell the client that its second
+// request was accepted when the first was executed, and a fresh execution
+// would charge twice. The answer is not recorded as a replay of the key.
+func (d *driver) probeReuse(ctx context.Context, rng *rand.Rand, path string, body []byte, key, field string) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.OpTimeout)
 	defer cancel()
 	d.reuseProbes.Add(1)
@@ -243,7 +283,7 @@ func (d *driver) probeReuse(ctx context.Context, rng *rand.Rand, path string, bo
 			return
 		}
 		d.report(Violation{Kind: "key-reuse-accepted", Subject: path,
-			Detail: fmt.Sprintf("key %s sent again with another body got %d %s, want 409 IDEMPOTENCY_KEY_REUSED", key, st, clip(resp))})
+			Detail: fmt.Sprintf("key %s sent again with another %s got %d %s, want 409 IDEMPOTENCY_KEY_REUSED", key, field, st, clip(resp))})
 		return
 	}
 }
@@ -342,7 +382,7 @@ func (d *driver) attempts(ctx context.Context, rng *rand.Rand, path string, body
 		if replayed {
 			d.replays.Add(1)
 		}
-		d.record(path, key, st, resp)
+		d.record(path, key, st, hdr, resp)
 		if (forceDrop && drops == 0) || (drops < 2 && rng.Float64() < d.cfg.ClientDropRate) {
 			drops++
 			d.clientDrops.Add(1)
@@ -357,20 +397,53 @@ func (d *driver) attempts(ctx context.Context, rng *rand.Rand, path string, body
 }
 
 // record keeps the first final answer per key and checks every later one
-// against it: a replay must be the same status and the same bytes.
-func (d *driver) record(path, key string, st int, body []byte) {
+// against it: a replay must be the same status, the same replayHeaders and
+// the same bytes.
+func (d *driver) record(path, key string, st int, hdr http.Header, body []byte) {
+	kept := http.Header{}
+	for _, h := range replayHeaders {
+		if v := hdr.Values(h); len(v) > 0 {
+			kept[h] = v
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r, ok := d.keys[key]
 	if !ok {
-		d.keys[key] = &keyRecord{path: path, status: st, body: body, seen: 1}
+		d.keys[key] = &keyRecord{path: path, status: st, header: kept, body: body, seen: 1}
 		return
 	}
 	r.seen++
-	if r.status != st || !bytes.Equal(r.body, body) {
-		d.report(Violation{Kind: "replay-differs", Subject: path,
-			Detail: fmt.Sprintf("key %s: first %d %q, later %d %q", key, r.status, clip(r.body), st, clip(body))})
+	if diff := answerDiff(r.status, r.header, r.body, st, kept, body); diff != "" {
+		d.report(Violation{Kind: "replay-differs", Subject: path, Detail: "key " + key + ": " + diff})
 	}
+}
+
+// answerDiff says how a later answer differs from the first one ("" when
+// it does not): the status, each replayed header, or the first differing
+// byte of the bodies with a little context around it.
+func answerDiff(st1 int, h1 http.Header, b1 []byte, st2 int, h2 http.Header, b2 []byte) string {
+	if st1 != st2 {
+		return fmt.Sprintf("status %d first, %d later", st1, st2)
+	}
+	for _, h := range replayHeaders {
+		v1, v2 := strings.Join(h1.Values(h), ", "), strings.Join(h2.Values(h), ", ")
+		if v1 != v2 {
+			return fmt.Sprintf("header %s %q first, %q later", h, v1, v2)
+		}
+	}
+	if bytes.Equal(b1, b2) {
+		return ""
+	}
+	i := 0
+	for i < len(b1) && i < len(b2) && b1[i] == b2[i] {
+		i++
+	}
+	around := func(b []byte) string {
+		lo, hi := max(i-16, 0), min(i+16, len(b))
+		return fmt.Sprintf("%q", b[lo:hi])
+	}
+	return fmt.Sprintf("bodies differ at byte %d (of %d and %d): first …%s…, later …%s…", i, len(b1), len(b2), around(b1), around(b2))
 }
 
 // pick returns a live instance, preferring one other than last; it waits

@@ -22,6 +22,8 @@ import (
 type standin struct {
 	loseRate      float64
 	noFingerprint bool
+	// fingerprintOnly, when set, fingerprints these members only.
+	fingerprintOnly []string
 
 	mu       sync.Mutex
 	rng      *rand.Rand
@@ -67,7 +69,7 @@ func (s *standin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	s.mu.Lock()
 	if e, ok := s.keys[key]; ok {
-		if e.req != string(body) && !s.noFingerprint {
+		if s.fingerprint(e.req) != s.fingerprint(string(body)) && !s.noFingerprint {
 			s.mu.Unlock()
 			w.WriteHeader(http.StatusConflict)
 			io.WriteString(w, `{"code":"IDEMPOTENCY_KEY_REUSED"}`)
@@ -113,7 +115,7 @@ func (s *standin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.body, _ = json.Marshal(map[string]any{"id": id, "status": "CONFIRMED"})
 	case r.URL.Path == "/payments":
 		id := fmt.Sprintf("pay_%d", s.n)
-		s.payments[id] = map[string]any{"id": id, "status": "CHARGED", "order_id": in["order_id"], "amount_kopecks": in["amount_kopecks"]}
+		s.payments[id] = map[string]any{"id": id, "status": "CHARGED", "order_id": in["order_id"], "customer_id": in["customer_id"], "amount_kopecks": in["amount_kopecks"]}
 		e.status = http.StatusCreated
 		e.body, _ = json.Marshal(map[string]any{"id": id, "status": "PENDING"})
 	}
@@ -129,28 +131,45 @@ func (s *standin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Write(out)
 }
 
+// fingerprint is the part of a body that must match for a replay.
+func (s *standin) fingerprint(body string) string {
+	if s.fingerprintOnly == nil {
+		return body
+	}
+	var m map[string]any
+	_ = json.Unmarshal([]byte(body), &m)
+	var out []string
+	for _, f := range s.fingerprintOnly {
+		out = append(out, fmt.Sprint(m[f]))
+	}
+	return strings.Join(out, "|")
+}
+
 // ledger is what a provider honouring the stand-in's charges holds: one
 // charge per charged order and payment.
-func (s *standin) ledger() []charge {
+func (s *standin) ledger() ledger {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []charge
+	var out ledger
 	for id, o := range s.orders {
 		if o["status"] == "CHARGED" {
-			out = append(out, charge{OrderID: id, AmountKopecks: int64(o["total_kopecks"].(float64)), IdempotencyKey: id})
+			out.Charges = append(out.Charges, charge{OrderID: id, CustomerID: o["customer_id"].(string), Principal: providerPrincipal,
+				AmountKopecks: int64(o["total_kopecks"].(float64)), IdempotencyKey: id})
 		}
 	}
 	for id, p := range s.payments {
-		out = append(out, charge{OrderID: p["order_id"].(string), AmountKopecks: int64(p["amount_kopecks"].(float64)), IdempotencyKey: id})
+		out.Charges = append(out.Charges, charge{OrderID: p["order_id"].(string), CustomerID: p["customer_id"].(string), Principal: providerPrincipal,
+			AmountKopecks: int64(p["amount_kopecks"].(float64)), IdempotencyKey: id})
 	}
 	return out
 }
 
 // runStandin drives the stand-in through three listeners and audits.
-func runStandin(t *testing.T, unsafe string) (*driver, *standin, auditResult, []Violation) {
+func runStandin(t *testing.T, unsafe string, fingerprintOnly ...string) (*driver, *standin, auditResult, []Violation) {
 	t.Helper()
 	s := newStandin(0.1)
 	s.noFingerprint = unsafe == UnsafeFingerprint
+	s.fingerprintOnly = fingerprintOnly
 	var procs []*proc
 	for i := range 3 {
 		srv := httptest.NewServer(s)
@@ -237,20 +256,36 @@ func TestDriverUnsafeKeyIsCaught(t *testing.T) {
 	}
 }
 
-// A replay that differs from the first answer is a violation.
+// A replay that differs from the first answer is a violation: its status,
+// a replayed header, or a byte of its body, which the detail points at.
 func TestDriverReplayMustBeIdentical(t *testing.T) {
 	t.Parallel()
 	var vs []Violation
 	d := newDriver(&Config{}, "r", nil, func(v Violation) { vs = append(vs, v) })
-	d.record("/orders", "k1", 201, []byte(`{"id":"a"}`))
-	d.record("/orders", "k1", 201, []byte(`{"id":"a"}`))
+	json := http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/a"}, "Date": {"now"}}
+	d.record("/orders", "k1", 201, json, []byte(`{"id":"a","status":"NEW"}`))
+	// Headers off the allow-list (Date, Idempotent-Replayed) may differ.
+	d.record("/orders", "k1", 201, http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/a"}, "Idempotent-Replayed": {"true"}},
+		[]byte(`{"id":"a","status":"NEW"}`))
 	if len(vs) != 0 {
 		t.Fatalf("identical replay flagged: %+v", vs)
 	}
-	d.record("/orders", "k1", 201, []byte(`{"id":"b"}`))
-	d.record("/orders", "k1", 409, []byte(`{"id":"a"}`))
-	if len(vs) != 2 || vs[0].Kind != "replay-differs" {
-		t.Fatalf("violations %+v, want two replay-differs", vs)
+	testCases := []struct {
+		hdr        http.Header
+		st         int
+		body, want string
+	}{
+		{json, 201, `{"id":"a","status":"NOW"}`, `bodies differ at byte 21 (of 25 and 25)`},
+		{json, 409, `{"id":"a","status":"NEW"}`, `status 201 first, 409 later`},
+		{http.Header{"Location": {"/orders/a"}}, 201, `{"id":"a","status":"NEW"}`, `header Content-Type "application/json" first, "" later`},
+		{http.Header{"Content-Type": {"application/json"}}, 201, `{"id":"a","status":"NEW"}`, `header Location "/orders/a" first, "" later`},
+		{json, 201, `{"id":"a","status":"NEW"} `, `bodies differ at byte 25 (of 25 and 26)`},
+	}
+	for i, tt := range testCases {
+		d.record("/orders", "k1", tt.st, tt.hdr, []byte(tt.body))
+		if len(vs) != i+1 || vs[i].Kind != "replay-differs" || !strings.Contains(vs[i].Detail, tt.want) {
+			t.Fatalf("case %d: violations %+v, want replay-differs with %q", i, vs, tt.want)
+		}
 	}
 }
 
@@ -267,5 +302,26 @@ func TestDriverUnsafeFingerprintIsCaught(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("no key-reuse-accepted among %+v", vs)
+	}
+}
+
+// A fingerprint that covers the amounts only (a mutant of the proof):
+// the probes that change another member get the first answer replayed.
+func TestDriverAmountOnlyFingerprintIsCaught(t *testing.T) {
+	t.Parallel()
+	_, _, _, vs := runStandin(t, "", "amount_kopecks", "total_kopecks")
+	fields := map[string]bool{}
+	for _, v := range vs {
+		if v.Kind != "key-reuse-accepted" {
+			t.Errorf("unexpected violation %+v", v)
+		}
+		for _, f := range []string{"customer_id", "order_id", "amount_kopecks", "total_kopecks"} {
+			if strings.Contains(v.Detail, "another "+f+" ") {
+				fields[f] = true
+			}
+		}
+	}
+	if !fields["customer_id"] || !fields["order_id"] || fields["amount_kopecks"] || fields["total_kopecks"] {
+		t.Fatalf("reuse accepted for %v, want customer_id and order_id only: %+v", fields, vs)
 	}
 }

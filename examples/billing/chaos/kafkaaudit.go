@@ -26,6 +26,7 @@ type outboxRow struct {
 	Status        string
 	Attempts      int
 	LastError     string
+	Payload       []byte
 }
 
 // wireRecord is one record read back from a topic.
@@ -189,13 +190,13 @@ func loadOutbox(ctx context.Context, dbURL string) ([]outboxRow, error) {
 	}
 	defer conn.Close(context.Background())
 	rows, err := conn.Query(ctx, `SELECT event_id, topic, aggregate_type, aggregate_id, aggregate_seq, event_type,
-		status, attempts, coalesce(last_error, '') FROM outbox_event ORDER BY id`)
+		status, attempts, coalesce(last_error, ''), payload FROM outbox_event ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("chaos: outbox audit: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxRow, error) {
 		var o outboxRow
-		err := r.Scan(&o.EventID, &o.Topic, &o.AggregateType, &o.AggregateID, &o.Seq, &o.EventType, &o.Status, &o.Attempts, &o.LastError)
+		err := r.Scan(&o.EventID, &o.Topic, &o.AggregateType, &o.AggregateID, &o.Seq, &o.EventType, &o.Status, &o.Attempts, &o.LastError, &o.Payload)
 		return o, err
 	})
 	if err != nil {
@@ -204,19 +205,21 @@ func loadOutbox(ctx context.Context, dbURL string) ([]outboxRow, error) {
 	return out, nil
 }
 
-// outboxBacklog counts the events the relays still owe (PENDING or
-// PUBLISHING).
-func outboxBacklog(ctx context.Context, dbURL string) (int, error) {
+// inFlight counts the outbox events the relays still owe (PENDING or
+// PUBLISHING) and the idempotency claims whose lease is live (a request
+// still running, or whose instance died before its lease ran out).
+func inFlight(ctx context.Context, dbURL string) (outbox, leases int, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer conn.Close(context.Background())
-	var n int
-	err = conn.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE status IN ('PENDING', 'PUBLISHING')`).Scan(&n)
-	return n, err
+	err = conn.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM outbox_event WHERE status IN ('PENDING', 'PUBLISHING')),
+		(SELECT count(*) FROM idempotency_key WHERE state = 'claimed' AND locked_until > now())`).Scan(&outbox, &leases)
+	return outbox, leases, err
 }
 
 // readTopics reads every record of topics from the start to the end

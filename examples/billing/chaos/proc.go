@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -26,13 +28,24 @@ type proc struct {
 	// ready reports whether the process answers; polled after start.
 	ready func(ctx context.Context) bool
 	log   *os.File
+	// out is what the child writes to: the log, with every line starting
+	// with markerPrefix also handed to onMarker.
+	out *lineTap
+	// moreEnv, when set, adds to env at every start (the failpoints armed
+	// in this incarnation).
+	moreEnv func() []string
+	// onCrash, when set, is called (on its own goroutine) when the process
+	// exits on its own after it was ready: not stopped by the harness, not
+	// during a start.
+	onCrash func(p *proc)
 
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	exitErr error
-	starts  int
-	up      bool
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	exitErr  error
+	starts   int
+	up       bool
+	stopping bool
 }
 
 func newProc(name, bin string, args, env []string, addr string, logDir string, ready func(context.Context) bool) (*proc, error) {
@@ -40,25 +53,75 @@ func newProc(name, bin string, args, env []string, addr string, logDir string, r
 	if err != nil {
 		return nil, err
 	}
-	return &proc{name: name, bin: bin, args: args, env: env, addr: addr, ready: ready, log: f}, nil
+	return &proc{name: name, bin: bin, args: args, env: env, addr: addr, ready: ready, log: f, out: &lineTap{w: f}}, nil
+}
+
+// markerPrefix starts the lines a child writes for the harness: the
+// failpoint package's hit lines.
+const markerPrefix = "idem-failpoint: "
+
+// lineTap writes a child's output to w and hands every complete line that
+// starts with markerPrefix to onMarker. exec.Cmd copies the child's output
+// into it from a pipe, so a line written just before a SIGKILL (a
+// failpoint's hit line) is still read.
+type lineTap struct {
+	w        io.Writer
+	onMarker func(line string)
+
+	mu      sync.Mutex
+	partial []byte
+}
+
+func (t *lineTap) Write(b []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n, err := t.w.Write(b)
+	if t.onMarker == nil {
+		return n, err
+	}
+	t.partial = append(t.partial, b...)
+	for {
+		i := bytes.IndexByte(t.partial, '\n')
+		if i < 0 {
+			break
+		}
+		line := string(t.partial[:i])
+		t.partial = t.partial[i+1:]
+		if strings.HasPrefix(line, markerPrefix) {
+			t.onMarker(line)
+		}
+	}
+	// A child that never ends a line must not grow this without bound.
+	if len(t.partial) > 64<<10 {
+		t.partial = t.partial[:0]
+	}
+	return n, err
 }
 
 // start runs the process and waits until ready answers true, the process
 // exits, or ctx ends.
 func (p *proc) start(ctx context.Context) error {
+	if p.running() {
+		return fmt.Errorf("chaos: %s already running", p.name)
+	}
+	var more []string
+	if p.moreEnv != nil {
+		more = p.moreEnv()
+	}
 	p.mu.Lock()
 	if p.cmd != nil {
 		p.mu.Unlock()
 		return fmt.Errorf("chaos: %s already running", p.name)
 	}
 	cmd := exec.Command(p.bin, p.args...)
-	cmd.Env = append(os.Environ(), p.env...)
-	cmd.Stdout, cmd.Stderr = p.log, p.log
+	cmd.Env = append(append(os.Environ(), p.env...), more...)
+	cmd.Stdout, cmd.Stderr = p.out, p.out
 	// If the harness dies, its children die with it instead of holding
 	// ports and the broker's data directory.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	p.starts++
-	fmt.Fprintf(p.log, "--- chaos: start #%d %s %v\n", p.starts, time.Now().Format(time.RFC3339Nano), p.args)
+	p.stopping = false
+	fmt.Fprintf(p.log, "--- chaos: start #%d %s %v %v\n", p.starts, time.Now().Format(time.RFC3339Nano), p.args, more)
 	if err := cmd.Start(); err != nil {
 		p.mu.Unlock()
 		return fmt.Errorf("chaos: start %s: %w", p.name, err)
@@ -70,9 +133,14 @@ func (p *proc) start(ctx context.Context) error {
 		err := cmd.Wait()
 		p.mu.Lock()
 		p.exitErr = err
+		crashed := p.up && !p.stopping && p.cmd == cmd
 		p.up = false
 		p.mu.Unlock()
 		close(exited)
+		if crashed && p.onCrash != nil {
+			fmt.Fprintf(p.log, "--- chaos: exited on its own (%v) %s\n", err, time.Now().Format(time.RFC3339Nano))
+			p.onCrash(p)
+		}
 	}()
 
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -114,6 +182,27 @@ func (p *proc) reap(cmd *exec.Cmd) {
 	p.mu.Unlock()
 }
 
+// forget reaps an incarnation that exited on its own (see onCrash), so
+// that the process can be started again.
+func (p *proc) forget() {
+	p.mu.Lock()
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	<-exited
+	p.reap(cmd)
+}
+
+// running reports whether an incarnation is started and not yet reaped
+// (up, starting, or exited and not yet stopped).
+func (p *proc) running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd != nil
+}
+
 // isUp reports whether the process is running and was ready.
 func (p *proc) isUp() bool {
 	p.mu.Lock()
@@ -128,6 +217,7 @@ func (p *proc) stop(sig syscall.Signal, grace time.Duration) (code int, forced b
 	p.mu.Lock()
 	cmd, exited := p.cmd, p.exited
 	p.up = false
+	p.stopping = true
 	p.mu.Unlock()
 	if cmd == nil {
 		return 0, false

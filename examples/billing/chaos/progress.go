@@ -18,6 +18,7 @@ type progress struct {
 	r       *run
 	name    string
 	pending int
+	busy    string
 	began   time.Time
 	done    chan struct{}
 	stopped chan struct{}
@@ -89,6 +90,16 @@ func (p *progress) setPending(n int) {
 	p.mu.Unlock()
 }
 
+// setBusy says what quiescence waits for once every status is final.
+func (p *progress) setBusy(why string, err error) {
+	if err != nil {
+		why = "checking: " + err.Error()
+	}
+	p.mu.Lock()
+	p.busy = why
+	p.mu.Unlock()
+}
+
 func (p *progress) stop() {
 	if p.w == nil || p.done == nil {
 		return
@@ -111,7 +122,7 @@ func (p *progress) draw() {
 	if p.name == "quiescence" {
 		stats = fmt.Sprintf("waiting for %d orders/payments to be final", max(p.pending, 0))
 		if p.pending == 0 {
-			stats = "all final; waiting for the ledger to stay still"
+			stats = "all final; " + p.busy
 		}
 	}
 	el := time.Since(p.began).Truncate(100 * time.Millisecond)

@@ -11,9 +11,11 @@ import (
 // Violation is one broken guarantee found by the run or its audit.
 type Violation struct {
 	// Kind is one of: double-charge, lost-charge, failed-but-charged,
-	// orphan-charge, not-final, replay-differs, key-reuse-accepted,
-	// unexpected-status, bad-response, no-final-answer, lost-event,
-	// reordered-event, misrouted-event.
+	// unexplained-failure, charged-and-declined, double-decline,
+	// wrong-customer, wrong-principal, wrong-key, double-command,
+	// orphan-charge, orphan-decline, not-final, replay-differs,
+	// key-reuse-accepted, unexpected-status, bad-response, no-final-answer,
+	// instance-down, lost-event, reordered-event, misrouted-event.
 	Kind    string `json:"kind"`
 	Subject string `json:"subject"`
 	Detail  string `json:"detail"`
@@ -53,6 +55,8 @@ type Report struct {
 	FailRate  float64 `json:"fail_rate"`
 	// ProduceFailRate is devkafka's share of failed produce partitions.
 	ProduceFailRate float64 `json:"produce_fail_rate"`
+	// DeclineRate is paysim's share of keys declined for good.
+	DeclineRate float64 `json:"decline_rate"`
 
 	// Operations is POSTs that reached a final answer; Requests is HTTP
 	// attempts (retries and duplicates included).
@@ -82,6 +86,13 @@ type Report struct {
 	NetCuts      int `json:"net_cuts"`
 	NetCutConns  int `json:"net_cut_connections"`
 	StartRetries int `json:"start_retries"`
+	// SelfExits: billing instances that exited on their own after they
+	// were ready (failpoint kills among them), SelfRestarts those started
+	// again.
+	SelfExits    int `json:"self_exits"`
+	SelfRestarts int `json:"self_restarts"`
+	// Failpoints is the failpoint coverage (nil without --failpoints).
+	Failpoints *FailpointReport `json:"failpoints,omitempty"`
 
 	Stopped Layers `json:"duplicates_stopped"`
 
@@ -91,12 +102,20 @@ type Report struct {
 	// end until every order and payment was final and the ledger still.
 	LoadSeconds       float64 `json:"load_seconds"`
 	QuiescenceSeconds float64 `json:"quiescence_seconds"`
+	// LedgerWatchSeconds is how long quiescence watched the idle system's
+	// ledger stay still: longer than LongestTimer, the longest redelivery
+	// timer of the configuration. LedgerLateChanges counts the times the
+	// ledger changed while the system was idle (each restarted the wait).
+	LedgerWatchSeconds float64 `json:"ledger_watch_seconds"`
+	LongestTimer       string  `json:"longest_timer"`
+	LedgerLateChanges  int     `json:"ledger_late_changes"`
 
 	ConfirmedOrders  int `json:"confirmed_orders"`
 	AcceptedPayments int `json:"accepted_payments"`
 	Charged          int `json:"charged"`
 	Failed           int `json:"failed"`
 	LedgerCharges    int `json:"ledger_charges"`
+	LedgerDeclines   int `json:"ledger_declines"`
 	// KafkaEvents and KafkaAggregates are the outbox events and aggregates
 	// checked against the topics; KafkaRecords the records of this run read
 	// back, KafkaRedelivered those beyond each event's first copy.
@@ -136,23 +155,34 @@ func (r *Report) WriteText(w io.Writer) {
 		mode = "UNSAFE: " + r.Unsafe + " protection off"
 	}
 	fmt.Fprintf(w, "\nchaos run, seed %d (%s)\n", r.Seed, mode)
-	fmt.Fprintf(w, "  load        %d orders, %d payments, %d instances, paysim drop %.0f%% fail %.0f%%, produce fail %.0f%%\n",
-		r.Orders, r.Payments, r.Instances, r.DropRate*100, r.FailRate*100, r.ProduceFailRate*100)
+	fmt.Fprintf(w, "  load        %d orders, %d payments, %d instances, paysim drop %.0f%% fail %.0f%% decline %.0f%%, produce fail %.0f%%\n",
+		r.Orders, r.Payments, r.Instances, r.DropRate*100, r.FailRate*100, r.DeclineRate*100, r.ProduceFailRate*100)
 	fmt.Fprintf(w, "  operations  %d POSTs answered in %d requests: %d retries, %d answers dropped by the client, %d concurrent duplicates\n",
 		r.Operations, r.Requests, r.ClientRetries, r.ClientDrops, r.Duplicates)
 	fmt.Fprintf(w, "  failures    %d transport errors, %d 5xx seen by the client\n", r.TransportErrors, r.Status5xx)
 	fmt.Fprintf(w, "  chaos       %d SIGKILL, %d SIGTERM (%d unclean), %d restarts (%d start retries), %d broker restarts\n",
 		r.Kills, r.Terms, r.UncleanTerms, r.Restarts, r.StartRetries, r.BrokerRestarts)
-	fmt.Fprintf(w, "              %d PostgreSQL crashes (immediate), %d network cuts (%d connections reset)\n",
-		r.PGRestarts, r.NetCuts, r.NetCutConns)
+	fmt.Fprintf(w, "              %d PostgreSQL crashes (immediate), %d network cuts (%d connections reset), %d exits on their own (%d restarted)\n",
+		r.PGRestarts, r.NetCuts, r.NetCutConns, r.SelfExits, r.SelfRestarts)
+	if f := r.Failpoints; f != nil {
+		var hits []string
+		for _, name := range sortedKeys(f.Hits) {
+			hits = append(hits, fmt.Sprintf("%s %d", name, f.Hits[name]))
+		}
+		fmt.Fprintf(w, "  failpoints  %d kills: %s\n", f.Kills, strings.Join(hits, ", "))
+		if len(f.Missed) > 0 {
+			fmt.Fprintf(w, "              MISSED (hit fewer than %d times): %s\n", f.Target, strings.Join(f.Missed, ", "))
+		}
+	}
 	fmt.Fprintf(w, "  stopped     HTTP key: %d replays + %d in-progress 409s seen by the client (%s replays counted by billing)\n",
 		r.Stopped.HTTPReplays, r.Stopped.HTTPInProgress, unk(r.Stopped.HTTPServerReplays))
 	fmt.Fprintf(w, "              fingerprint: %d of %d reused keys refused; inbox: %s redeliveries skipped; provider key: %s charges replayed\n",
 		r.Stopped.Fingerprint, r.Stopped.FingerprintProbes, unk(r.Stopped.Inbox), unk(r.Stopped.Provider))
 	fmt.Fprintf(w, "  latency     p50 %.1f ms, p99 %.1f ms per POST (retries included)\n", r.LatencyP50Ms, r.LatencyP99Ms)
-	fmt.Fprintf(w, "  time        load %.1fs, quiescence %.1fs\n", r.LoadSeconds, r.QuiescenceSeconds)
-	fmt.Fprintf(w, "  audit       %d confirmed orders + %d payments: %d CHARGED, %d FAILED; %d ledger charges\n",
-		r.ConfirmedOrders, r.AcceptedPayments, r.Charged, r.Failed, r.LedgerCharges)
+	fmt.Fprintf(w, "  time        load %.1fs, quiescence %.1fs (the idle ledger watched %.1fs, beyond the longest redelivery timer: %s; %d late changes)\n",
+		r.LoadSeconds, r.QuiescenceSeconds, r.LedgerWatchSeconds, r.LongestTimer, r.LedgerLateChanges)
+	fmt.Fprintf(w, "  audit       %d confirmed orders + %d payments: %d CHARGED, %d FAILED; %d ledger charges, %d declines (order, customer, amount, principal and key of each checked)\n",
+		r.ConfirmedOrders, r.AcceptedPayments, r.Charged, r.Failed, r.LedgerCharges, r.LedgerDeclines)
 	fmt.Fprintf(w, "  kafka       %d outbox events of %d aggregates (%d had a failed publish) checked against %d records (%d redeliveries): each on its topic, first deliveries in aggregate order\n",
 		r.KafkaEvents, r.KafkaAggregates, r.KafkaRetried, r.KafkaRecords, r.KafkaRedelivered)
 	if len(r.Violations) > 0 {
@@ -178,11 +208,21 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "  logs        %s\n", r.WorkDir)
 	}
 	if r.Pass && r.Unsafe != "" {
-		fmt.Fprintf(w, "NOTE: with the %s protection off the audit found nothing: this run did not exercise it (or billing ignores BILLING_UNSAFE)\n", r.Unsafe)
+		fmt.Fprintf(w, "INCONCLUSIVE: with the %s protection off the audit found nothing: this run did not exercise it (or billing ignores BILLING_UNSAFE)\n", r.Unsafe)
+		return
 	}
 	if r.Pass {
 		fmt.Fprintf(w, "PASS: every confirmed order and payment charged exactly once, nothing lost, every replay identical, every event delivered in order\n")
 	} else {
 		fmt.Fprintf(w, "FAIL: %d violations\n", len(r.Violations))
 	}
+}
+
+func sortedKeys(m map[string]int) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
 }
