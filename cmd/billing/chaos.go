@@ -38,17 +38,34 @@ crashed, the network cut and produce requests partly failed:
                          fault proxies that reset every open connection N
                          times, every other one after a stall
 
-Then it waits until every order and payment is final and the outbox is
-drained, and audits paysim's ledger (every confirmed order and accepted
-payment charged exactly once with the right amount, no charge without one,
-every replayed answer identical to the first) and Kafka (every outbox event
-on its topic at least once, the first deliveries of each aggregate in
-sequence order). Exit status 1 on any violation.
+  --decline-rate P       paysim declines that share of charge keys for good
+                         (402, recorded): the only FAILED the audit accepts
+  --failpoints           one instance at a time runs with IDEM_FAILPOINTS
+                         arming a kill at every crash window of
+                         internal/failpoint not yet hit --failpoint-hits
+                         times; the report counts hits per window and names
+                         the windows it missed
+
+Then it waits until every order and payment is final, the outbox is
+drained, both consumer groups have no lag and no idempotency claim is live,
+watches the ledger for longer than the longest redelivery timer, and audits
+paysim's ledger (every confirmed order and accepted payment charged exactly
+once, with its order, customer, amount, principal and command key; a FAILED
+only with paysim's decline for it; no charge or decline without one; every
+replayed answer identical to the first in status, allow-listed headers and
+bytes) and Kafka (every outbox event on its topic at least once, the first
+deliveries of each aggregate in sequence order). Exit status 1 on any
+violation.
+
+--profile short (the default sizes) or long (over 10,000 POSTs, failpoints
+hit three times each, 30 kills; see docs/proof.md for its wall time) sets
+the sizes; flags given override it.
 
 --unsafe=LAYER switches one protection off to prove the audit can fail:
 key (the driver sends a fresh key on every retry), inbox, fingerprint,
 lease or publish (the relay loses an event; passed to billing as
-BILLING_UNSAFE).
+BILLING_UNSAFE). An --unsafe run whose audit finds nothing exits 3
+(inconclusive), not 0.
 
 The idem binary (devkafka, paysim) is --idem-bin, else IDEM_BIN, else idem
 beside this binary, else built with 'go build' when run inside the idem
@@ -60,10 +77,26 @@ type harnessFlags struct {
 	jsonOut bool
 	idemBin string
 	keep    bool
+	profile string
 }
 
+// addHarnessFlags defines the harness's flags on fs with def's values as
+// defaults (a zero field takes the chaos package's default).
 func addHarnessFlags(fs *flag.FlagSet, def chaos.Config) *harnessFlags {
+	or := func(v, d int) int {
+		if v == 0 {
+			return d
+		}
+		return v
+	}
+	ord := func(v, d time.Duration) time.Duration {
+		if v == 0 {
+			return d
+		}
+		return v
+	}
 	h := &harnessFlags{}
+	fs.StringVar(&h.profile, "profile", "", "start from a named size: "+chaos.ProfileNames+" (flags given override it)")
 	fs.IntVar(&h.cfg.Orders, "orders", def.Orders, "orders to create and confirm")
 	fs.IntVar(&h.cfg.Payments, "payments", def.Payments, "payments to create (each on its own order)")
 	fs.IntVar(&h.cfg.Instances, "instances", def.Instances, "billing serve instances")
@@ -72,31 +105,54 @@ func addHarnessFlags(fs *flag.FlagSet, def chaos.Config) *harnessFlags {
 	fs.IntVar(&h.cfg.BrokerRestarts, "broker-restarts", def.BrokerRestarts, "broker restarts (needs the devkafka child: KAFKA_BROKERS empty)")
 	fs.Float64Var(&h.cfg.DropRate, "drop-rate", def.DropRate, "paysim: share of charges whose response is dropped after charging")
 	fs.Float64Var(&h.cfg.FailRate, "fail-rate", def.FailRate, "paysim: share of charges that fail before charging")
+	fs.Float64Var(&h.cfg.DeclineRate, "decline-rate", def.DeclineRate, "paysim: share of charge keys declined for good (402 CARD_DECLINED, recorded)")
 	fs.Float64Var(&h.cfg.ProduceFailRate, "produce-fail-rate", def.ProduceFailRate, "devkafka: share of produce partitions failed with a non-retriable error (needs the embedded broker)")
 	fs.IntVar(&h.cfg.PGRestarts, "pg-restarts", def.PGRestarts, "crash and restart billing's own PostgreSQL cluster this many times")
 	fs.IntVar(&h.cfg.NetCuts, "net-cuts", def.NetCuts, "reset every connection from billing to PostgreSQL and Kafka this many times (needs the embedded broker)")
+	fs.BoolVar(&h.cfg.Failpoints, "failpoints", def.Failpoints, "arm the crash windows of internal/failpoint (kill) in one instance until each is hit")
+	fs.IntVar(&h.cfg.FailpointHits, "failpoint-hits", or(def.FailpointHits, chaos.FailpointHitsDefault), "with --failpoints: hits per window before it is disarmed")
 	fs.Int64Var(&h.cfg.Seed, "seed", 0, "seed of every random choice (0: from the clock; the report prints it)")
 	fs.StringVar(&h.cfg.Unsafe, "unsafe", "", "switch one protection off: key, inbox, fingerprint, lease or publish")
-	fs.IntVar(&h.cfg.Concurrency, "concurrency", chaos.ConcurrencyDefault, "driver workers")
-	fs.DurationVar(&h.cfg.LoadDuration, "duration", chaos.LoadDurationDefault, "spread the start of the orders and payments over this time")
-	fs.DurationVar(&h.cfg.Quiescence, "quiescence", chaos.QuiescenceDefault, "how long to wait, after the load, for every order and payment to be final")
+	fs.IntVar(&h.cfg.Concurrency, "concurrency", or(def.Concurrency, chaos.ConcurrencyDefault), "driver workers")
+	fs.DurationVar(&h.cfg.LoadDuration, "duration", ord(def.LoadDuration, chaos.LoadDurationDefault), "spread the start of the orders and payments over this time")
+	fs.DurationVar(&h.cfg.Quiescence, "quiescence", ord(def.Quiescence, chaos.QuiescenceDefault), "how long to wait, after the load, for every order and payment to be final")
 	fs.BoolVar(&h.jsonOut, "json", false, "print the report as one JSON object")
 	fs.StringVar(&h.idemBin, "idem-bin", os.Getenv("IDEM_BIN"), "idem binary (default: beside billing, else go build, else PATH)")
 	fs.BoolVar(&h.keep, "keep", false, "keep the work directory (logs, broker data) and the database schema")
 	return h
 }
 
-func runChaos(ctx context.Context, args []string) error {
-	fs := cli.FlagSet("chaos", chaosUsage)
-	h := addHarnessFlags(fs, chaos.Config{
-		Orders: 100, Payments: 50, Instances: 3, Kills: 3, Terms: 2, BrokerRestarts: 1,
-		DropRate: 0.2, FailRate: 0.1,
-	})
+// parseHarness parses args over def, then, when they name a --profile,
+// again over that profile's values, so that the flags given override the
+// profile and the profile the defaults.
+func parseHarness(name, usage string, def chaos.Config, args []string) (*harnessFlags, error) {
+	fs := cli.FlagSet(name, usage)
+	h := addHarnessFlags(fs, def)
 	if err := cli.Parse(fs, args); err != nil {
-		return err
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return cli.Usagef("unexpected argument %q", fs.Arg(0))
+		return nil, cli.Usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if h.profile == "" {
+		return h, nil
+	}
+	p, ok := chaos.Profiles[h.profile]
+	if !ok {
+		return nil, cli.Usagef("--profile %q: want %s", h.profile, chaos.ProfileNames)
+	}
+	fs = cli.FlagSet(name, usage)
+	h = addHarnessFlags(fs, p)
+	if err := cli.Parse(fs, args); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+func runChaos(ctx context.Context, args []string) error {
+	h, err := parseHarness("chaos", chaosUsage, chaos.Profiles["short"], args)
+	if err != nil {
+		return err
 	}
 	return runHarness(ctx, h, false)
 }
@@ -121,8 +177,11 @@ func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error
 	if cfg.Orders+cfg.Payments == 0 {
 		return cli.Usagef("--orders and --payments are both 0: nothing to do")
 	}
-	if cfg.DropRate < 0 || cfg.DropRate >= 1 || cfg.FailRate < 0 || cfg.FailRate >= 1 {
-		return cli.Usagef("--drop-rate and --fail-rate must be in [0, 1)")
+	if cfg.DropRate < 0 || cfg.DropRate >= 1 || cfg.FailRate < 0 || cfg.FailRate >= 1 || cfg.DeclineRate < 0 || cfg.DeclineRate >= 1 {
+		return cli.Usagef("--drop-rate, --fail-rate and --decline-rate must be in [0, 1)")
+	}
+	if cfg.FailpointHits < 1 {
+		return cli.Usagef("--failpoint-hits must be at least 1")
 	}
 	switch cfg.Unsafe {
 	case "", chaos.UnsafeKey, chaos.UnsafeInbox, chaos.UnsafeFingerprint, chaos.UnsafeLease, chaos.UnsafePublish:
@@ -210,6 +269,15 @@ func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error
 	if !rep.Pass {
 		return fmt.Errorf("%d violations (logs in %s)", len(rep.Violations), work)
 	}
+	if cfg.Unsafe != "" {
+		// A protection was off and nothing broke: the run did not show
+		// the audit can catch it, which is no pass. The logs are kept.
+		return &cli.ExitError{Code: exitInconclusive, Err: fmt.Errorf("inconclusive: with --unsafe=%s the audit found no violation; this run did not exercise that protection (logs in %s)", cfg.Unsafe, work)}
+	}
 	passed = true
 	return nil
 }
+
+// exitInconclusive is billing chaos's exit status for an --unsafe run
+// whose audit found nothing.
+const exitInconclusive = 3

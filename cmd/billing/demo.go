@@ -15,8 +15,8 @@ const demoUsage = `Usage: billing demo [flags]
 
 The proof in about a minute, on a fresh machine: billing chaos with friendly
 defaults (60 orders, 30 payments, 3 billing instances, 2 SIGKILLs, 1 SIGTERM,
-1 broker restart, paysim dropping 20% of answers after charging and failing
-10% before) and embedded infrastructure:
+1 broker restart, paysim dropping 20% of answers after charging, failing
+10% before and declining 5% of keys) and embedded infrastructure:
 
   PostgreSQL  DATABASE_URL, else the local server on 127.0.0.1:5432, else a
               throwaway cluster started from the local PostgreSQL binaries
@@ -30,16 +30,12 @@ It ends with PASS (exit 0) or FAIL and the violations (exit 1). Every flag of
 billing chaos works here too.`
 
 func runDemo(ctx context.Context, args []string) error {
-	fs := cli.FlagSet("demo", demoUsage)
-	h := addHarnessFlags(fs, chaos.Config{
+	h, err := parseHarness("demo", demoUsage, chaos.Config{
 		Orders: 60, Payments: 30, Instances: 3, Kills: 2, Terms: 1, BrokerRestarts: 1,
-		DropRate: 0.2, FailRate: 0.1,
-	})
-	if err := cli.Parse(fs, args); err != nil {
+		DropRate: 0.2, FailRate: 0.1, DeclineRate: 0.05,
+	}, args)
+	if err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return cli.Usagef("unexpected argument %q", fs.Arg(0))
 	}
 	return runHarness(ctx, h, true)
 }

@@ -343,3 +343,27 @@ func (c *Config) ledgerWatch() (time.Duration, timer) {
 	}
 	return longest.d + max(2*time.Second, longest.d/4), longest
 }
+
+// Profiles name the sizes of `billing chaos --profile`: "short" is the
+// default run (about a minute), the one CI makes; "long" is big enough for
+// rare bugs to fire: over 10,000 POSTs, with kills, terms, broker
+// restarts and every failpoint window hit three times, and paysim dropping
+// 40% of its answers after charging, often enough that billing's
+// idemclient retries a charge two or three times over (net/http's own
+// resend of a request whose reused connection broke absorbs only the first
+// failure of an attempt). docs/proof.md gives its wall time.
+var Profiles = map[string]Config{
+	"short": {
+		Orders: 100, Payments: 50, Instances: 3, Kills: 3, Terms: 2, BrokerRestarts: 1,
+		DropRate: 0.2, FailRate: 0.1, DeclineRate: 0.05,
+	},
+	"long": {
+		Orders: 3400, Payments: 1600, Instances: 3, Kills: 30, Terms: 15, BrokerRestarts: 4,
+		DropRate: 0.4, FailRate: 0.1, DeclineRate: 0.05,
+		Failpoints: true, FailpointHits: 3,
+		Concurrency: 16, LoadDuration: 10 * time.Minute, Quiescence: 10 * time.Minute,
+	},
+}
+
+// ProfileNames lists Profiles, for messages.
+const ProfileNames = "short or long"
