@@ -269,7 +269,7 @@ func (r *run) execute(ctx context.Context) error {
 	}
 	if c.Failpoints {
 		h := r.instances[uint64(c.Seed)%uint64(len(r.instances))]
-		r.fp = newFailpoints(c.FailpointHits, h)
+		r.fp = newFailpoints(c.FailpointHits, h, c.FailpointOdds)
 		r.progress.logf("failpoints: %s is armed (kill at every window not yet hit %d times)", h.name, c.FailpointHits)
 	}
 	// One at a time: the first applies the migrations and creates the

@@ -11,15 +11,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/failpoint"
 	"github.com/idemkit/idem/internal/testbin"
 	"github.com/idemkit/idem/internal/testdb"
 )
 
 // The CI chaos run: about 300 POSTs against 3 billing instances, several
-// SIGKILLs and SIGTERMs, one broker restart, paysim dropping and failing.
-// Every confirmed order and payment must be charged exactly once.
+// SIGKILLs and SIGTERMs, one broker restart, paysim dropping, failing and
+// declining, and failpoints killing one instance in every crash window
+// that the code marks. Every confirmed order and payment must be charged
+// exactly once, every FAILED must be one of paysim's declines, and every
+// window must have been hit.
 func TestChaosEndToEnd(t *testing.T) {
 	t.Parallel()
+	windows := landedWindows(t)
 	db := testdb.New(t, testdb.Empty())
 	var log bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -31,7 +36,10 @@ func TestChaosEndToEnd(t *testing.T) {
 		Quiescence: 4 * time.Minute,
 		Orders:     100, Payments: 50, Instances: 3,
 		Kills: 3, Terms: 2, BrokerRestarts: 1,
-		DropRate: 0.2, FailRate: 0.1, Seed: 42,
+		DropRate: 0.2, FailRate: 0.1, DeclineRate: 0.05, Seed: 42,
+		// Long enough for the holder to die in every window, each death
+		// followed by a session's wait before its restart.
+		Failpoints: true, LoadDuration: 45 * time.Second,
 		Progress: &log,
 	})
 	if rep != nil {
@@ -56,6 +64,26 @@ func TestChaosEndToEnd(t *testing.T) {
 	}
 	if rep.ClientRetries == 0 || rep.Stopped.HTTPReplays == 0 {
 		t.Errorf("no retries or replays: the run proved nothing about the key layer: %+v", rep)
+	}
+	if rep.Failed == 0 || rep.Failed != rep.LedgerDeclines {
+		t.Errorf("%d FAILED for %d declines in the ledger: the decline audit was not exercised", rep.Failed, rep.LedgerDeclines)
+	}
+	f := rep.Failpoints
+	if f == nil {
+		t.Fatal("no failpoint report")
+	}
+	for _, w := range windows {
+		if f.Hits[w] == 0 {
+			t.Errorf("failpoint window %s was never hit (hits %v)", w, f.Hits)
+		}
+	}
+	// A kill in an HTTP window cuts the request that reached it: the
+	// driver's attempt fails in transit and its retry takes over.
+	if cut := f.Hits[failpoint.HTTPHandlerDone] + f.Hits[failpoint.HTTPResponseStored]; rep.TransportErrors < int64(cut) {
+		t.Errorf("%d kills in HTTP windows but %d transport errors", cut, rep.TransportErrors)
+	}
+	if rep.LedgerWatchSeconds <= 10 {
+		t.Errorf("the idle ledger was watched %vs, not beyond the outbox lease + reaper (10s)", rep.LedgerWatchSeconds)
 	}
 }
 

@@ -128,6 +128,10 @@ type Config struct {
 	// FailpointHits is the hits per window after which it is disarmed.
 	// Defaults to FailpointHitsDefault (1).
 	FailpointHits int
+	// FailpointOdds overrides the kill probability of the windows it
+	// names (a run aimed at one window raises its odds). Defaults to
+	// none: KillProbability's values.
+	FailpointOdds map[string]float64
 	// Seed drives every random choice: the driver's, the chaos schedule's,
 	// paysim's and devkafka's produce failures. Defaults to a seed from the
 	// clock (reported).
@@ -268,6 +272,8 @@ func (c *Config) validate() error {
 		return bad("DeclineRate %v out of range [0,1)", c.DeclineRate)
 	case c.FailpointHits < 1:
 		return bad("FailpointHits %d < 1", c.FailpointHits)
+	case badOdds(c.FailpointOdds) != "":
+		return bad("FailpointOdds: %s", badOdds(c.FailpointOdds))
 	case c.DuplicateRate > 1, c.ClientDropRate >= 1:
 		return bad("DuplicateRate must be <= 1 and ClientDropRate < 1")
 	case c.SessionTimeout < 0:
@@ -367,3 +373,16 @@ var Profiles = map[string]Config{
 
 // ProfileNames lists Profiles, for messages.
 const ProfileNames = "short or long"
+
+// badOdds says what is wrong with a FailpointOdds map ("" for nothing).
+func badOdds(odds map[string]float64) string {
+	for name, p := range odds {
+		if _, ok := KillProbability[name]; !ok {
+			return fmt.Sprintf("%q is no failpoint", name)
+		}
+		if !(p > 0 && p <= 1) {
+			return fmt.Sprintf("%s: probability %v out of range (0,1]", name, p)
+		}
+	}
+	return ""
+}

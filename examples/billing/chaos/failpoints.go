@@ -17,7 +17,7 @@ import (
 // Failpoints (Config.Failpoints) aim kills at the crash windows that
 // random SIGKILLs rarely hit. One billing instance, the holder, runs with
 // IDEM_FAILPOINTS arming kill at every window that has not yet been hit
-// FailpointHits times, each with its probability from killProbability;
+// FailpointHits times, each with its probability from KillProbability;
 // the others run disarmed and keep serving. When the holder kills itself
 // the harness counts the hit (the failpoint package writes
 // "idem-failpoint: hit NAME kill" to stderr before the SIGKILL), waits out
@@ -33,14 +33,14 @@ import (
 // or a code path the run does not take) is armed in every incarnation and
 // never fires; the report names it as missed.
 
-// killProbability is the chance that one pass through a window kills the
-// holder. Each is picked from how often the window is reached under a chaos
+// KillProbability is the chance that one pass through a window kills the
+// holder (Config.FailpointOdds overrides it per window). Each is picked from how often the window is reached under a chaos
 // load, so that an armed holder dies within a few seconds of serving: the
 // HTTP windows see every POST routed to the holder; the relay windows one
 // per batch; consumer-db-committed every record of both consumer groups;
 // purge-mid-batch the boundaries between the batches of a purge, of which
 // the seeded expired rows (seedPurge) make several at the holder's start.
-var killProbability = map[string]float64{
+var KillProbability = map[string]float64{
 	failpoint.HTTPHandlerDone:         0.08,
 	failpoint.HTTPResponseStored:      0.08,
 	failpoint.RelayMidClaim:           0.10,
@@ -62,6 +62,7 @@ const purgeJunkRows = 3001
 type failpoints struct {
 	target int
 	holder *proc
+	odds   map[string]float64
 
 	mu       sync.Mutex
 	hits     map[string]int
@@ -70,8 +71,15 @@ type failpoints struct {
 	lastSpec string
 }
 
-func newFailpoints(target int, holder *proc) *failpoints {
-	return &failpoints{target: target, holder: holder, hits: map[string]int{}, arming: true}
+func newFailpoints(target int, holder *proc, odds map[string]float64) *failpoints {
+	o := make(map[string]float64, len(KillProbability))
+	for name, p := range KillProbability {
+		o[name] = p
+	}
+	for name, p := range odds {
+		o[name] = p
+	}
+	return &failpoints{target: target, holder: holder, odds: o, hits: map[string]int{}, arming: true}
 }
 
 // spec is the IDEM_FAILPOINTS value for the holder's next incarnation:
@@ -86,7 +94,7 @@ func (f *failpoints) spec() string {
 	var items []string
 	for _, name := range failpoint.Names {
 		if f.hits[name] < f.target {
-			items = append(items, name+"=kill@"+strconv.FormatFloat(killProbability[name], 'f', -1, 64))
+			items = append(items, name+"=kill@"+strconv.FormatFloat(f.odds[name], 'f', -1, 64))
 		}
 	}
 	f.lastSpec = strings.Join(items, ",")

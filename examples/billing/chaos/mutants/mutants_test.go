@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/examples/billing/chaos"
+	"github.com/idemkit/idem/internal/failpoint"
 	"github.com/idemkit/idem/internal/testbin"
 	"github.com/idemkit/idem/internal/testdb"
 )
@@ -70,6 +71,9 @@ func runConfig() chaos.Config {
 		Orders: 30, Payments: 30, Instances: 2,
 		DropRate: 0.4, FailRate: 0.15, DeclineRate: 0.1,
 		Failpoints: true, Seed: 21,
+		// The holder dies within a few records once this window is armed:
+		// offset-before-db-commit loses one then.
+		FailpointOdds: map[string]float64{failpoint.ConsumerDBCommitted: 0.3},
 		LoadDuration: 20 * time.Second,
 		// A lost record leaves its order or payment not final: the run
 		// then waits this long before the audit says so.
