@@ -9,7 +9,7 @@ PKGS := ./...
 # module, not tested.
 MODULES := . kafkago natsjs otel prom
 
-.PHONY: help test fmt-check tidy-check vet staticcheck sqlc-check gotest generate bench
+.PHONY: help test fmt-check tidy-check vet staticcheck sqlc-check gotest generate bench mutants
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ sqlc-check: ## fail if sqlc-generated code is stale
 
 gotest: ## go test -race with goleak in every package, every module
 	@for m in $(MODULES); do echo "go test ($$m)"; (cd $$m && $(GO) test -race -count=1 -timeout 25m $(PKGS)) || exit 1; done
+
+mutants: ## the proof's mutation test alone (gotest runs it too): every deliberate bug must fail billing chaos
+	$(GO) test -count=1 -v -timeout 15m ./examples/billing/chaos/mutants/
 
 generate: ## regenerate sqlc code
 	@for f in $(SQLC_CONFIGS); do echo "sqlc generate -f $$f"; $(GO) tool -modfile=tools/go.mod sqlc generate -f $$f || exit 1; done

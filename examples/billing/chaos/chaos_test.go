@@ -220,11 +220,14 @@ func TestCLIFlags(t *testing.T) {
 	run := func(args ...string) (string, string, int) { return testbin.Run(t, bin, nil, args...) }
 	for _, c := range []string{"chaos", "demo"} {
 		out, _, code := run(c, "--help")
-		if code != 0 || !strings.Contains(out, "-unsafe") || !strings.Contains(out, "-net-cuts") || !strings.Contains(out, "Usage: billing "+c) {
-			t.Errorf("%s --help: exit %d, %q", c, code, out)
+		for _, flag := range []string{"-unsafe", "-net-cuts", "-failpoints", "-failpoint-hits", "-decline-rate", "-profile", "Usage: billing " + c} {
+			if code != 0 || !strings.Contains(out, flag) {
+				t.Errorf("%s --help: exit %d, no %s in %q", c, code, flag, out)
+			}
 		}
 		for _, args := range [][]string{{"--bogus"}, {"--unsafe", "everything"}, {"--drop-rate", "1.5"}, {"--instances", "1", "--kills", "2"}, {"extra"},
-			{"--produce-fail-rate", "1"}, {"--pg-restarts", "-1"}, {"--net-cuts", "-2"}} {
+			{"--produce-fail-rate", "1"}, {"--pg-restarts", "-1"}, {"--net-cuts", "-2"}, {"--decline-rate", "1"}, {"--failpoint-hits", "0"},
+			{"--profile", "huge"}, {"--profile", "long", "--bogus"}, {"--profile", "long", "extra"}} {
 			_, stderr, code := run(append([]string{c}, args...)...)
 			if code != 2 || strings.Count(stderr, "\n") != 1 {
 				t.Errorf("%s %v: exit %d, stderr %q; want 2 and one line", c, args, code, stderr)
@@ -281,5 +284,34 @@ func TestResolveDatabase(t *testing.T) {
 	stop()
 	if err := Reachable(ctx, u, 3*time.Second); err == nil {
 		t.Fatal("throwaway cluster still answers after stop")
+	}
+}
+
+// An --unsafe run whose audit finds nothing proves nothing: exit 3
+// (inconclusive), with the logs kept. Here the lease protection is off but
+// no POST is sent twice at once (this seed draws no duplicate for its one
+// order and one payment), so nothing can show it.
+func TestChaosUnsafeRunThatFindsNothingExits3(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(needBilling(t), "chaos", "--unsafe=lease", "--json",
+		"--orders", "1", "--payments", "1", "--instances", "1", "--kills", "0", "--terms", "0",
+		"--broker-restarts", "0", "--drop-rate", "0", "--fail-rate", "0", "--decline-rate", "0", "--seed", "3", "--duration", "1s")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+testdb.URL(), "IDEM_BIN="+needIdem(t), "KAFKA_BROKERS=")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var rep Report
+	if jerr := json.Unmarshal(stdout.Bytes(), &rep); jerr != nil {
+		t.Fatalf("stdout is not one JSON report (%v): %v\n%s", err, jerr, stderr.String())
+	}
+	if rep.WorkDir != "" {
+		defer os.RemoveAll(rep.WorkDir)
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 3 {
+		t.Fatalf("exit %v, want status 3\n%s", err, stderr.String())
+	}
+	if !rep.Pass || rep.Duplicates != 0 || !strings.Contains(stderr.String(), "inconclusive: with --unsafe=lease") {
+		t.Fatalf("pass %v, %d duplicates; stderr:\n%s", rep.Pass, rep.Duplicates, stderr.String())
 	}
 }

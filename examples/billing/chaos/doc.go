@@ -26,15 +26,37 @@
 //
 // Instance faults and infrastructure faults run in two lanes side by side;
 // an instance that fails to start while the database is down is started
-// again, as a supervisor would, and counted. When the load is done it waits
-// until every confirmed order and accepted payment is CHARGED or FAILED, the
-// ledger is still and the outbox has nothing PENDING or PUBLISHING, then
-// audits:
+// again, as a supervisor would, and counted, and so is one that exits on
+// its own once ready (a failpoint's kill).
+//
+// Failpoints (Config.Failpoints, see failpoints.go) aim kills at the crash
+// windows of internal/failpoint: one instance at a time runs with
+// IDEM_FAILPOINTS arming a kill at each window still short of its hits;
+// the report counts the hits per window from the instances' output and
+// names the windows a run missed.
+//
+// When the load is done it waits until every confirmed order and accepted
+// payment is CHARGED or FAILED, then until nothing is in flight (no outbox
+// row PENDING or PUBLISHING, no consumer lag in either group, no
+// idempotency claim with a live lease), then watches the ledger for longer
+// than the longest redelivery timer of the configuration (a change starts
+// the wait again), and audits. The audit trusts paysim's ledger, the
+// topics and its own driver's records, and nothing billing reports but the
+// final statuses it checks:
 //
 //   - every confirmed order and accepted payment has exactly one ledger
-//     charge with its amount (CHARGED) or none (FAILED);
-//   - no charge exists without a confirmed order or an accepted payment;
-//   - every answer seen for one Idempotency-Key is byte-identical;
+//     charge with its order, customer, amount, billing's provider
+//     principal and the key of billing's charge command for it (CHARGED),
+//     or none and exactly one of paysim's definitive declines, likewise
+//     matched (FAILED): a FAILED without a decline is a transient fault
+//     (a 500, a lost answer) that became a failure;
+//   - no charge or decline exists without a confirmed order or an
+//     accepted payment;
+//   - every answer seen for one Idempotency-Key repeats the first: status,
+//     allow-listed headers (Content-Type, Content-Language, Location) and
+//     bytes; a difference names the first differing byte;
+//   - a key reused with another body, each member changed in turn, is
+//     refused with IDEMPOTENCY_KEY_REUSED;
 //   - all work reached a final status;
 //   - every row of billing's outbox table reached its topic at least once
 //     (a record with its event-id header), and the first deliveries of each
@@ -47,7 +69,9 @@
 // Config.Unsafe switches one protection off (a fresh key per retry in the
 // driver; inbox, fingerprint, lease or publish through BILLING_UNSAFE) and
 // the audit must then fail: proof that it can. UnsafePublish makes each
-// relay lose one event, which the Kafka audit names.
+// relay lose one event, which the Kafka audit names. An unsafe run that
+// passes is reported inconclusive (billing chaos exits 3). The mutation
+// test (package mutants) does the same with deliberate bugs in the code.
 //
 // What it does not prove: the audit sees what the driver was promised and
 // what paysim charged. Work billing accepted but whose answer never reached

@@ -74,7 +74,7 @@ func runConfig() chaos.Config {
 		// The holder dies within a few records once this window is armed:
 		// offset-before-db-commit loses one then.
 		FailpointOdds: map[string]float64{failpoint.ConsumerDBCommitted: 0.3},
-		LoadDuration: 20 * time.Second,
+		LoadDuration:  20 * time.Second,
 		// A lost record leaves its order or payment not final: the run
 		// then waits this long before the audit says so.
 		Quiescence: 75 * time.Second,
