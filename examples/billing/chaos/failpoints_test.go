@@ -132,7 +132,7 @@ func TestProcReportsAnExitOnItsOwn(t *testing.T) {
 		t.Fatal("still running after forget")
 	}
 
-	q, err := newProc("stopped", "/bin/sh", []string{"-c", "sleep 30"}, nil, "", dir, ready)
+	q, err := newProc("stopped", "/bin/sh", []string{"-c", "exec sleep 30"}, nil, "", dir, ready)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -116,6 +116,9 @@ func (p *proc) start(ctx context.Context) error {
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Env = append(append(os.Environ(), p.env...), more...)
 	cmd.Stdout, cmd.Stderr = p.out, p.out
+	// The output goes through a pipe: a grandchild that kept it open
+	// must not hold Wait once the child is gone.
+	cmd.WaitDelay = 2 * time.Second
 	// If the harness dies, its children die with it instead of holding
 	// ports and the broker's data directory.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
