@@ -333,7 +333,7 @@ func (c *Config) redeliveryTimers() []timer {
 		{"consumer session timeout", session},
 		{"consumer rebalance timeout", rebalance},
 		// A charge whose outcome was unknown is retried after at most this.
-		{"charger retry backoff", consumer.RetryBackoffMaxDefault},
+		{"charger retry backoff", consumer.BackoffMaxDefault},
 	}
 }
 
