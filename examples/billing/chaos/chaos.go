@@ -424,9 +424,24 @@ func (r *run) lane(ctx context.Context, evs []event, rng *mrand.Rand, loadDone <
 
 func (r *run) instanceEvent(ctx context.Context, ev event, rng *mrand.Rand) error {
 	c := &r.cfg
-	p := r.instances[rng.IntN(len(r.instances))]
+	first := rng.IntN(len(r.instances))
 	r.instMu.Lock()
 	defer r.instMu.Unlock()
+	// The victim is a live instance: one that exited on its own is the
+	// supervisor's to restart, and stopping it again would count a kill or
+	// an unclean stop that never happened. The draw stays the same whatever
+	// is down, so a seed without such exits replays its schedule.
+	var p *proc
+	for i := range r.instances {
+		if q := r.instances[(first+i)%len(r.instances)]; q.isUp() {
+			p = q
+			break
+		}
+	}
+	if p == nil {
+		r.progress.logf("chaos: no instance is up for a %s; skipped", ev.kind)
+		return nil
+	}
 	r.scr.scrape(ctx, p, "/metrics")
 	r.scr.freeze(p)
 	if ev.kind == "kill" {
