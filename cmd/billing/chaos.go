@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem/examples/billing/chaos"
@@ -111,6 +112,15 @@ func addHarnessFlags(fs *flag.FlagSet, def chaos.Config) *harnessFlags {
 	fs.IntVar(&h.cfg.NetCuts, "net-cuts", def.NetCuts, "reset every connection from billing to PostgreSQL and Kafka this many times (needs the embedded broker)")
 	fs.BoolVar(&h.cfg.Failpoints, "failpoints", def.Failpoints, "arm the crash windows of internal/failpoint (kill) in one instance until each is hit")
 	fs.IntVar(&h.cfg.FailpointHits, "failpoint-hits", or(def.FailpointHits, chaos.FailpointHitsDefault), "with --failpoints: hits per window before it is disarmed")
+	fs.Func("failpoint-windows", "with --failpoints: comma-separated windows to arm (default: every one)", func(v string) error {
+		h.cfg.FailpointWindows = nil
+		for _, w := range strings.Split(v, ",") {
+			if w = strings.TrimSpace(w); w != "" {
+				h.cfg.FailpointWindows = append(h.cfg.FailpointWindows, w)
+			}
+		}
+		return nil
+	})
 	fs.Int64Var(&h.cfg.Seed, "seed", 0, "seed of every random choice (0: from the clock; the report prints it)")
 	fs.StringVar(&h.cfg.Unsafe, "unsafe", "", "switch one protection off: key, inbox, fingerprint, lease or publish")
 	fs.IntVar(&h.cfg.Concurrency, "concurrency", or(def.Concurrency, chaos.ConcurrencyDefault), "driver workers")

@@ -269,8 +269,8 @@ func (r *run) execute(ctx context.Context) error {
 	}
 	if c.Failpoints {
 		h := r.instances[uint64(c.Seed)%uint64(len(r.instances))]
-		r.fp = newFailpoints(c.FailpointHits, h, c.FailpointOdds)
-		r.progress.logf("failpoints: %s is armed (kill at every window not yet hit %d times)", h.name, c.FailpointHits)
+		r.fp = newFailpoints(c.FailpointHits, h, c.FailpointWindows, c.FailpointOdds)
+		r.progress.logf("failpoints: %s is armed (kill at %s until hit %d times)", h.name, strings.Join(r.fp.windows, ", "), c.FailpointHits)
 	}
 	// One at a time: the first applies the migrations and creates the
 	// topics, the others find them done.

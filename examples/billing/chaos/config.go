@@ -128,6 +128,9 @@ type Config struct {
 	// FailpointHits is the hits per window after which it is disarmed.
 	// Defaults to FailpointHitsDefault (1).
 	FailpointHits int
+	// FailpointWindows are the windows to arm (a run aimed at some).
+	// Defaults to every window of failpoint.Names.
+	FailpointWindows []string
 	// FailpointOdds overrides the kill probability of the windows it
 	// names (a run aimed at one window raises its odds). Defaults to
 	// none: KillProbability's values.
@@ -272,6 +275,8 @@ func (c *Config) validate() error {
 		return bad("DeclineRate %v out of range [0,1)", c.DeclineRate)
 	case c.FailpointHits < 1:
 		return bad("FailpointHits %d < 1", c.FailpointHits)
+	case badWindows(c.FailpointWindows) != "":
+		return bad("FailpointWindows: %s", badWindows(c.FailpointWindows))
 	case badOdds(c.FailpointOdds) != "":
 		return bad("FailpointOdds: %s", badOdds(c.FailpointOdds))
 	case c.DuplicateRate > 1, c.ClientDropRate >= 1:
@@ -382,6 +387,17 @@ func badOdds(odds map[string]float64) string {
 		}
 		if !(p > 0 && p <= 1) {
 			return fmt.Sprintf("%s: probability %v out of range (0,1]", name, p)
+		}
+	}
+	return ""
+}
+
+// badWindows says what is wrong with a FailpointWindows list ("" for
+// nothing).
+func badWindows(ws []string) string {
+	for _, w := range ws {
+		if _, ok := KillProbability[w]; !ok {
+			return fmt.Sprintf("%q is no failpoint", w)
 		}
 	}
 	return ""

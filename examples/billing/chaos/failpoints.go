@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -60,9 +61,10 @@ const FailpointHitsDefault = 1
 const purgeJunkRows = 3001
 
 type failpoints struct {
-	target int
-	holder *proc
-	odds   map[string]float64
+	target  int
+	holder  *proc
+	odds    map[string]float64
+	windows []string // the armed ones
 
 	mu       sync.Mutex
 	hits     map[string]int
@@ -71,7 +73,7 @@ type failpoints struct {
 	lastSpec string
 }
 
-func newFailpoints(target int, holder *proc, odds map[string]float64) *failpoints {
+func newFailpoints(target int, holder *proc, windows []string, odds map[string]float64) *failpoints {
 	o := make(map[string]float64, len(KillProbability))
 	for name, p := range KillProbability {
 		o[name] = p
@@ -79,7 +81,13 @@ func newFailpoints(target int, holder *proc, odds map[string]float64) *failpoint
 	for name, p := range odds {
 		o[name] = p
 	}
-	return &failpoints{target: target, holder: holder, odds: o, hits: map[string]int{}, arming: true}
+	var ws []string
+	for _, name := range failpoint.Names {
+		if len(windows) == 0 || slices.Contains(windows, name) {
+			ws = append(ws, name)
+		}
+	}
+	return &failpoints{target: target, holder: holder, odds: o, windows: ws, hits: map[string]int{}, arming: true}
 }
 
 // spec is the IDEM_FAILPOINTS value for the holder's next incarnation:
@@ -92,7 +100,7 @@ func (f *failpoints) spec() string {
 		return ""
 	}
 	var items []string
-	for _, name := range failpoint.Names {
+	for _, name := range f.windows {
 		if f.hits[name] < f.target {
 			items = append(items, name+"=kill@"+strconv.FormatFloat(f.odds[name], 'f', -1, 64))
 		}
@@ -130,7 +138,7 @@ func (f *failpoints) hit(line string) bool {
 func (f *failpoints) wantsPurge() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.arming && f.hits[failpoint.PurgeMidBatch] < f.target
+	return f.arming && slices.Contains(f.windows, failpoint.PurgeMidBatch) && f.hits[failpoint.PurgeMidBatch] < f.target
 }
 
 // FailpointReport is the failpoint part of a Report.
@@ -138,7 +146,9 @@ type FailpointReport struct {
 	// Hits counts the kills per window, every window of
 	// failpoint.Names listed (0 for a window never hit).
 	Hits map[string]int `json:"hits"`
-	// Missed lists the windows hit fewer than Target times.
+	// Armed lists the windows the run armed; Missed those of them hit
+	// fewer than Target times.
+	Armed  []string `json:"armed"`
 	Missed []string `json:"missed"`
 	Target int      `json:"target"`
 	// Kills is the holder's failpoint deaths.
@@ -148,10 +158,10 @@ type FailpointReport struct {
 func (f *failpoints) report() *FailpointReport {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	rep := &FailpointReport{Hits: map[string]int{}, Missed: []string{}, Target: f.target, Kills: f.kills}
+	rep := &FailpointReport{Hits: map[string]int{}, Armed: f.windows, Missed: []string{}, Target: f.target, Kills: f.kills}
 	for _, name := range failpoint.Names {
 		rep.Hits[name] = f.hits[name]
-		if f.hits[name] < f.target {
+		if slices.Contains(f.windows, name) && f.hits[name] < f.target {
 			rep.Missed = append(rep.Missed, name)
 		}
 	}

@@ -20,7 +20,7 @@ import (
 
 func TestFailpointArming(t *testing.T) {
 	t.Parallel()
-	f := newFailpoints(2, nil, map[string]float64{failpoint.RelayPublished: 0.7})
+	f := newFailpoints(2, nil, nil, map[string]float64{failpoint.RelayPublished: 0.7})
 	spec := f.spec()
 	if err := failpoint.Validate(spec); err != nil {
 		t.Fatalf("spec %q is not a valid IDEM_FAILPOINTS: %v", spec, err)
@@ -64,6 +64,19 @@ func TestFailpointArming(t *testing.T) {
 	c := Config{IdemBin: "i", BillingBin: "b", DatabaseURL: "d", FailpointOdds: map[string]float64{"no-such-window": 0.5}}
 	if _, err := Run(context.Background(), &c); err == nil || !strings.Contains(err.Error(), "FailpointOdds") {
 		t.Errorf("unknown window in FailpointOdds: %v", err)
+	}
+	c = Config{IdemBin: "i", BillingBin: "b", DatabaseURL: "d", FailpointWindows: []string{"relay-publish"}}
+	if _, err := Run(context.Background(), &c); err == nil || !strings.Contains(err.Error(), "FailpointWindows") {
+		t.Errorf("unknown window in FailpointWindows: %v", err)
+	}
+
+	// Aimed at one window: only it is armed, only it can be missed.
+	g := newFailpoints(1, nil, []string{failpoint.ConsumerDBCommitted}, nil)
+	if s := g.spec(); s != failpoint.ConsumerDBCommitted+"=kill@0.05" || g.wantsPurge() {
+		t.Errorf("aimed spec %q, purge %v", s, g.wantsPurge())
+	}
+	if r := g.report(); !slices.Equal(r.Missed, []string{failpoint.ConsumerDBCommitted}) || len(r.Hits) != len(failpoint.Names) {
+		t.Errorf("aimed report %+v", r)
 	}
 }
 

@@ -64,17 +64,20 @@ var mutants = []mutant{
 // runConfig is the one chaos run every mutant gets, and the control too:
 // two instances, paysim failing (500), dropping answers after charging
 // often enough that billing's idemclient retries run, and declining; the
-// driver dropping and duplicating; failpoints aiming kills at every crash
-// window. Small: the whole test runs in CI.
+// driver dropping and duplicating; failpoints aiming kills at the
+// consumer's crash window. Small: the whole test runs in CI.
 func runConfig() chaos.Config {
 	return chaos.Config{
 		Orders: 30, Payments: 30, Instances: 2,
 		DropRate: 0.4, FailRate: 0.15, DeclineRate: 0.1,
-		Failpoints: true, Seed: 21,
-		// The holder dies within a few records once this window is armed:
-		// offset-before-db-commit loses one then.
-		FailpointOdds: map[string]float64{failpoint.ConsumerDBCommitted: 0.3},
-		LoadDuration:  20 * time.Second,
+		// Kills aimed at the one window a mutant needs them in
+		// (offset-before-db-commit's patch puts it between the offset and
+		// the transaction): the holder dies within a few records of each
+		// start, twice.
+		Failpoints: true, Seed: 21, FailpointHits: 2,
+		FailpointWindows: []string{failpoint.ConsumerDBCommitted},
+		FailpointOdds:    map[string]float64{failpoint.ConsumerDBCommitted: 0.3},
+		LoadDuration:     20 * time.Second,
 		// A lost record leaves its order or payment not final: the run
 		// then waits this long before the audit says so.
 		Quiescence: 75 * time.Second,
