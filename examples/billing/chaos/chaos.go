@@ -696,7 +696,13 @@ func (r *run) quiesce(ctx context.Context) (map[string]string, error) {
 		}
 	}
 	r.progress.setPending(len(pending))
-	r.settle(ctx)
+	if why := r.settle(ctx); why != "" && len(pending) == 0 {
+		// Every status is final, yet something is still in flight or the
+		// ledger kept changing: whatever it is can still act after the
+		// audit, so the audit cannot vouch for the run.
+		r.violation(Violation{Kind: "not-idle", Subject: "quiescence",
+			Detail: fmt.Sprintf("not idle for %v by the %v deadline: %s", r.rep.LedgerWatchSeconds, r.cfg.Quiescence, why)})
+	}
 	return statuses, nil
 }
 
@@ -710,18 +716,29 @@ func (r *run) quiesce(ctx context.Context) (map[string]string, error) {
 // uncommitted will be redelivered), and no idempotency claim holds a live
 // lease (a request still running may act). A final status alone proves
 // none of this: a duplicate made by a late redelivery lands after it.
-func (r *run) settle(ctx context.Context) {
+//
+// It returns "" once the ledger stayed still for the whole watch, else what
+// was still going on when ctx ended.
+func (r *run) settle(ctx context.Context) string {
 	watch, longest := r.cfg.ledgerWatch()
 	r.rep.LedgerWatchSeconds = watch.Seconds()
 	r.rep.LongestTimer = fmt.Sprintf("%s %v", longest.name, longest.d)
+	last := "never checked"
 	for ctx.Err() == nil {
 		for ctx.Err() == nil {
 			why, err := r.busy(ctx)
 			if err == nil && why == "" {
 				break
 			}
-			r.progress.setBusy(why, err)
+			if err != nil {
+				why = "checking: " + err.Error()
+			}
+			last = why
+			r.progress.setBusy(why, nil)
 			sleep(ctx, 500*time.Millisecond)
+		}
+		if ctx.Err() != nil {
+			break
 		}
 		before, err := r.ledger(ctx)
 		if err != nil {
@@ -736,14 +753,19 @@ func (r *run) settle(ctx context.Context) {
 			if err == nil && (len(l.Charges) != len(before.Charges) || len(l.Declines) != len(before.Declines)) {
 				still = false
 				r.rep.LedgerLateChanges++
-				r.progress.logf("quiescence: the ledger changed while idle (%d charges, %d declines; was %d, %d): waiting again",
+				last = fmt.Sprintf("the ledger changed while the system was idle (%d charges, %d declines; was %d, %d)",
 					len(l.Charges), len(l.Declines), len(before.Charges), len(before.Declines))
+				r.progress.logf("quiescence: %s: waiting again", last)
 			}
 		}
 		if still && ctx.Err() == nil {
-			return
+			return ""
+		}
+		if still {
+			last = "the ledger watch was cut short"
 		}
 	}
+	return last
 }
 
 // busy says what is still in flight ("" for nothing).

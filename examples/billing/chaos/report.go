@@ -15,7 +15,7 @@ type Violation struct {
 	// wrong-customer, wrong-principal, wrong-key, double-command,
 	// orphan-charge, orphan-decline, not-final, replay-differs,
 	// key-reuse-accepted, unexpected-status, bad-response, no-final-answer,
-	// instance-down, lost-event, reordered-event, misrouted-event.
+	// instance-down, not-idle, lost-event, reordered-event, misrouted-event.
 	Kind    string `json:"kind"`
 	Subject string `json:"subject"`
 	Detail  string `json:"detail"`
