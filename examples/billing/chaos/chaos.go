@@ -701,7 +701,7 @@ func (r *run) quiesce(ctx context.Context) (map[string]string, error) {
 		// ledger kept changing: whatever it is can still act after the
 		// audit, so the audit cannot vouch for the run.
 		r.violation(Violation{Kind: "not-idle", Subject: "quiescence",
-			Detail: fmt.Sprintf("not idle for %v by the %v deadline: %s", r.rep.LedgerWatchSeconds, r.cfg.Quiescence, why)})
+			Detail: fmt.Sprintf("every status final, but the system did not stay idle for a %.1fs watch of the ledger within %v: %s", r.rep.LedgerWatchSeconds, r.cfg.Quiescence, why)})
 	}
 	return statuses, nil
 }
