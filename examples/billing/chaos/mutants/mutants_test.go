@@ -172,15 +172,19 @@ func TestMutantsAreCaught(t *testing.T) {
 			}
 		}
 	}()
+	// The map is filled before any goroutine starts: they only write
+	// through their own *result.
 	results["control"] = &result{}
+	for _, m := range mutants {
+		results[m.name] = &result{}
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		run("control", billingBin, results["control"])
 	}()
 	for _, m := range mutants {
-		res := &result{}
-		results[m.name] = res
+		res := results[m.name]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
