@@ -559,9 +559,9 @@ func (r *run) armEnv(p *proc) []string {
 
 // crashed is called when an instance exits on its own after it was ready:
 // a failpoint's kill, or a crash. It is started again, as a supervisor
-// would, after the consumer-group session of the dead member has run out
-// (a member joining while the dead one still holds the group makes the
-// broker wait for the dead one through the rebalance).
+// would, within a second (as the chaos lane restarts its victims): the
+// load goes on, and an armed holder must live again soon for every window
+// to be hit while there is load to reach it.
 func (r *run) crashed(p *proc) {
 	r.supMu.Lock()
 	if r.closing {
@@ -577,8 +577,9 @@ func (r *run) crashed(p *proc) {
 	go func() {
 		defer r.supWG.Done()
 		ctx := r.supCtx
-		r.progress.logf("%s: exited on its own; restarting after %v", p.name, r.cfg.SessionTimeout)
-		if !sleep(ctx, r.cfg.SessionTimeout+time.Duration(mrand.IntN(500))*time.Millisecond) {
+		wait := time.Duration(200+mrand.IntN(600)) * time.Millisecond
+		r.progress.logf("%s: exited on its own; restarting after %v", p.name, wait)
+		if !sleep(ctx, wait) {
 			return
 		}
 		r.instMu.Lock()

@@ -21,11 +21,10 @@ import (
 // FailpointHits times, each with its probability from KillProbability;
 // the others run disarmed and keep serving. When the holder kills itself
 // the harness counts the hit (the failpoint package writes
-// "idem-failpoint: hit NAME kill" to stderr before the SIGKILL), waits out
-// the consumer-group session of the dead member (so that the groups settle
-// before the next member joins) and starts it again, armed with the windows
-// still missing. Once every window has its hits, or the load is over, the
-// holder starts disarmed.
+// "idem-failpoint: hit NAME kill" to stderr before the SIGKILL) and starts
+// it again within a second, as the chaos lane restarts the instances it
+// kills, armed with the windows still missing. Once every window has its
+// hits, or the load is over, the holder starts disarmed.
 //
 // One holder at a time keeps the damage bounded: at most one instance is
 // down for a failpoint at any moment, whatever the probabilities.
@@ -44,10 +43,10 @@ import (
 var KillProbability = map[string]float64{
 	failpoint.HTTPHandlerDone:         0.08,
 	failpoint.HTTPResponseStored:      0.08,
-	failpoint.RelayMidClaim:           0.10,
-	failpoint.RelayPublished:          0.10,
-	failpoint.ConsumerDBCommitted:     0.05,
-	failpoint.ChargerProviderAnswered: 0.10,
+	failpoint.RelayMidClaim:           0.20,
+	failpoint.RelayPublished:          0.20,
+	failpoint.ConsumerDBCommitted:     0.10,
+	failpoint.ChargerProviderAnswered: 0.20,
 	failpoint.PurgeMidBatch:           0.5,
 }
 

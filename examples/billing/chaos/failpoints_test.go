@@ -72,7 +72,7 @@ func TestFailpointArming(t *testing.T) {
 
 	// Aimed at one window: only it is armed, only it can be missed.
 	g := newFailpoints(1, nil, []string{failpoint.ConsumerDBCommitted}, nil)
-	if s := g.spec(); s != failpoint.ConsumerDBCommitted+"=kill@0.05" || g.wantsPurge() {
+	if s := g.spec(); s != failpoint.ConsumerDBCommitted+"=kill@0.1" || g.wantsPurge() {
 		t.Errorf("aimed spec %q, purge %v", s, g.wantsPurge())
 	}
 	if r := g.report(); !slices.Equal(r.Missed, []string{failpoint.ConsumerDBCommitted}) || len(r.Hits) != len(failpoint.Names) {
