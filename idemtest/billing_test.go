@@ -17,7 +17,9 @@ import (
 // PostgreSQL, counting executions in its orders table. Billing has no fault
 // switch, no Gate and a 24h retention: server-error-released and expiry
 // skip, and retry-after passes or skips depending on whether a racing
-// request meets the open claim; nothing may fail.
+// request meets the open claim; nothing may fail. The routes check sends
+// the order's key to POST /payments too, whose answer (the order there
+// does not exist) must be its own.
 func TestBillingHTTP(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t, testdb.MaxConns(16))
@@ -37,6 +39,8 @@ func TestBillingHTTP(t *testing.T) {
 		Handler:    h,
 		Path:       "/orders",
 		Body:       []byte(`{"customer_id":"c1","total_kopecks":1000}`),
+		AltPath:    "/payments",
+		AltURLBody: []byte(`{"order_id":"ord_none","customer_id":"c1","amount_kopecks":500}`),
 		Header:     http.Header{"Authorization": {"Bearer alice-token"}},
 		PrincipalB: http.Header{"Authorization": {"Bearer bob-token"}},
 		Count: func(ctx context.Context) (int64, error) {

@@ -19,14 +19,15 @@ var checks = []check{
 	{CheckBaseline, "a new key with Body succeeds (2xx), one execution", checkBaseline},
 	{CheckMissingKey, "a request without a key is refused with 400 (or 428) and not executed", checkMissingKey},
 	{CheckInvalidKey, "malformed keys are refused with 400 and not executed; a " + strconv.Itoa(idem.MaxKeyLength) + "-character key is accepted", checkInvalidKey},
-	{CheckReplay, "the same key and body again replay the same status and body, one execution", checkReplay},
-	{CheckMismatch, "the same key with a different body is refused with 409 or 422 and does not overwrite the original", checkMismatch},
+	{CheckReplay, "the same key and body again replay the same status, headers (Content-Type, Content-Language, Location) and body, one execution", checkReplay},
+	{CheckMismatch, "the same key with a different body (each member changed in turn, nested ones too) is refused with 409 or 422 and does not overwrite the original", checkMismatch},
 	{CheckConcurrency, "concurrent requests with one new key cause exactly one execution", checkConcurrency},
 	{CheckPrincipals, "the same key from a second principal runs on its own and never replays the first principal's answer", checkPrincipals},
 	{CheckQuotedKey, `the sf-string form "key" is accepted and names the same key as the bare form`, checkQuotedKey},
 	{CheckRetryAfter, "an in-progress answer (409) carries a valid Retry-After", checkRetryAfter},
 	{CheckServerErrorReleased, "after a 5xx a retry with the same key runs again instead of replaying the 5xx", checkServerErrorReleased},
 	{CheckExpiry, "after the TTL the key can be used again", checkExpiry},
+	{CheckRoutes, "the same key on another route (AltURL) is another operation: executed there, neither refused nor replayed", checkRoutes},
 }
 
 // verdict collects failures; the check passes when there are none.
@@ -164,6 +165,12 @@ func checkReplay(ctx context.Context, r *runner, res *Result) {
 	}
 	if !p2.sameAs(p1) {
 		v.failf("repeat got %s with a %s body, want the first answer (%d) byte for byte", p2.describe(), sameness(p1, p2), p1.status)
+		if d := bodyDiff(p1.body, p2.body); d != "" && p1.status == p2.status {
+			v.failf("%s", d)
+		}
+	}
+	if d := p1.headerDiff(p2); p1.ok() && d != "" {
+		v.failf("repeat lost or changed a header: %s", d)
 	}
 	v.executions(ctx, c, 1, "two requests with one key")
 	markerNote(res, p2)
@@ -182,24 +189,74 @@ func checkMismatch(ctx context.Context, r *runner, res *Result) {
 	k := withKey(newKey("mismatch"))
 	c := r.startCount(ctx)
 	p1 := r.do(ctx, res, reqOpts{label: "first", key: k, body: r.t.Body})
-	p2 := r.do(ctx, res, reqOpts{label: "other body", key: k, body: r.t.AltBody})
-	p3 := r.do(ctx, res, reqOpts{label: "first body again", key: k, body: r.t.Body})
 	if !p1.ok() {
 		v.failf("first request got %s, want 2xx", p1.describe())
 	}
-	switch {
-	case p2.status != http.StatusConflict && p2.status != http.StatusUnprocessableEntity:
-		v.failf("a different body with the same key got %s, want 409 or 422", p2.describe())
-	case p2.code == idem.CodeKeyInProgress:
-		v.failf("a different body with a completed key got %s, want a mismatch", p2.describe())
-	case p2.replayed():
-		v.failf("a different body got a replay")
+	// AltBody, then every member of Body changed in turn: a fingerprint
+	// that covers only some members (the amount, the top level) is caught
+	// by the first member it leaves out.
+	others := append([]variant{{field: "AltBody", body: r.t.AltBody}}, fieldVariants(r.t.Body)...)
+	var first response
+	for i, o := range others {
+		label := "other body (" + o.field + " changed)"
+		if i == 0 {
+			label = "other body (AltBody)"
+		}
+		p2 := r.do(ctx, res, reqOpts{label: label, key: k, body: o.body})
+		if i == 0 {
+			first = p2
+		}
+		switch {
+		case p2.status != http.StatusConflict && p2.status != http.StatusUnprocessableEntity:
+			v.failf("%s with the same key got %s, want 409 or 422", label, p2.describe())
+		case p2.code == idem.CodeKeyInProgress:
+			v.failf("%s with a completed key got %s, want a mismatch", label, p2.describe())
+		case p2.replayed():
+			v.failf("%s got a replay", label)
+		}
 	}
+	p3 := r.do(ctx, res, reqOpts{label: "first body again", key: k, body: r.t.Body})
 	if !p3.sameAs(p1) {
 		v.failf("the first body again got %s, want the original answer replayed", p3.describe())
 	}
-	v.executions(ctx, c, 1, "one key, two bodies")
-	v.set(res, fmt.Sprintf("other body → %s; original still replays", p2.describe()))
+	v.executions(ctx, c, 1, fmt.Sprintf("one key, %d bodies", len(others)+1))
+	v.set(res, fmt.Sprintf("%d other bodies (AltBody and %d changed members) → %s; original still replays", len(others), len(others)-1, first.describe()))
+}
+
+// checkRoutes sends one key to URL, then to AltURL: a key is scoped by
+// route, so the second is a new operation of its own, answered by that
+// route (whatever its status: a route may refuse AltURLBody on its own
+// terms) and neither a replay nor an idempotency refusal, and the first
+// route still replays its own answer.
+func checkRoutes(ctx context.Context, r *runner, res *Result) {
+	if r.altURL == "" {
+		res.Status, res.Reason = Skip, "no AltURL (AltPath for a Handler): another route to send the same key to"
+		return
+	}
+	var v verdict
+	k := withKey(newKey("routes"))
+	p1 := r.do(ctx, res, reqOpts{label: "first route", key: k, body: r.t.Body})
+	p2 := r.do(ctx, res, reqOpts{label: "other route, same key", key: k, body: r.t.AltURLBody, url: r.altURL})
+	p3 := r.do(ctx, res, reqOpts{label: "first route again", key: k, body: r.t.Body})
+	if !p1.ok() {
+		v.failf("first request got %s, want 2xx", p1.describe())
+	}
+	refused := p2.code == idem.CodeKeyReused || p2.code == idem.CodeKeyInProgress ||
+		p2.code == "" && (p2.status == http.StatusConflict || p2.status == http.StatusUnprocessableEntity)
+	switch {
+	case p2.err != nil:
+		v.failf("the other route: %s", p2.describe())
+	case p2.replayed():
+		v.failf("the same key on another route got a replay (%s): the key is not scoped by route", p2.describe())
+	case refused:
+		v.failf("the same key on another route got %s: the key is not scoped by route", p2.describe())
+	case p1.ok() && p2.sameAs(p1):
+		v.failf("the other route answered the first route's answer byte for byte: a replay without the marker")
+	}
+	if !p3.sameAs(p1) {
+		v.failf("the first route again got %s, want its own answer replayed", p3.describe())
+	}
+	v.set(res, fmt.Sprintf("first route %d, other route %s, first route replays", p1.status, p2.describe()))
 }
 
 // race sends n requests with the same options at once and returns the

@@ -21,11 +21,16 @@
 //   - invalid-key: a key of 256 characters, with a tab, a space, a 0x01 or
 //     a DEL, with non-ASCII bytes, or empty → 400, no execution; the
 //     255-character key (the longest legal one) succeeds.
-//   - replay: the same key and body twice → the same status and a
-//     byte-identical body, one execution; whether the replay carries
-//     Idempotent-Replayed: true is reported.
+//   - replay: the same key and body twice → the same status, the same
+//     Content-Type, Content-Language and Location, and a byte-identical
+//     body (a difference names the first differing byte), one execution;
+//     whether the replay carries Idempotent-Replayed: true is reported.
 //   - mismatch: the same key with a different body → 409 or 422, not a
 //     replay and not an execution; the original request still replays.
+//     The different bodies are Target.AltBody and then Body with each of
+//     its JSON members changed in turn, members of nested objects
+//     included (at most 32): a fingerprint that covers only some members
+//     (the amount, the top level) replays one of them.
 //   - concurrency: Target.Concurrency requests with one new key at once →
 //     one execution (through Target.Count or Target.CountURL when given,
 //     else identical successful responses); the rest answer in-progress or
@@ -38,6 +43,10 @@
 //   - server-error-released: after a 5xx (provoked with Target.FaultHeader)
 //     a retry with the same key runs again instead of replaying the 5xx.
 //   - expiry: after Target.TTL the key can be used again.
+//   - routes: the same key sent to Target.AltURL (another route of the
+//     service) is another operation: that route's own answer, neither a
+//     replay nor an idempotency refusal, and the first route still replays
+//     its answer. Keys are scoped by route.
 //
 // # What it does not prove
 //

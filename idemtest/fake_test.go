@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -19,9 +20,10 @@ import (
 // the tests prove both that a correct server passes every check and that
 // each defect fails exactly the checks meant to catch it.
 //
-// POST / executes a "charge" (201 {"id":n}); GET /count returns
-// {"count":n}. The principal is the Authorization header; X-Fault: 1 makes
-// the execution answer 500 without charging.
+// POST to any path executes a "charge" (201 {"id":n}, application/json);
+// GET /count returns {"count":n}. Keys are scoped by principal (the
+// Authorization header) and path; X-Fault: 1 makes the execution answer 500
+// without charging.
 type fakeServer struct {
 	broken
 	ttl  time.Duration // zero: keys never expire
@@ -39,12 +41,19 @@ type broken struct {
 	store5xx       bool // a 5xx is stored and replayed
 	noRetryAfter   bool // in-progress answers lack Retry-After
 	noQuoted       bool // the sf-string form is refused
+	noRouteScope   bool // keys are not scoped by route (path)
+	noHeaders      bool // a replay does not repeat the first answer's headers
+	// fingerprintOnly, when set, fingerprints these top-level members
+	// only (say, the amount).
+	fingerprintOnly []string
+	topLevelOnly    bool // nested objects are left out of the fingerprint
 }
 
 type fakeEntry struct {
 	fingerprint [32]byte
 	done        bool
 	status      int
+	contentType string
 	body        []byte
 	expires     time.Time
 }
@@ -112,11 +121,14 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusBadRequest, idem.CodeKeyInvalid)
 		return
 	}
-	id := principal + "\x00" + key
-	if f.crossPrincipal {
-		id = key
+	id := principal + "\x00" + r.URL.Path + "\x00" + key
+	switch {
+	case f.crossPrincipal:
+		id = r.URL.Path + "\x00" + key
+	case f.noRouteScope:
+		id = principal + "\x00" + key
 	}
-	fp := sha256.Sum256(body)
+	fp := f.fingerprint(body)
 
 	f.mu.Lock()
 	e := f.keys[id]
@@ -138,6 +150,9 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case e != nil:
 		f.mu.Unlock()
 		w.Header().Set("Idempotent-Replayed", "true")
+		if e.contentType != "" && !f.noHeaders {
+			w.Header().Set("Content-Type", e.contentType)
+		}
 		w.WriteHeader(e.status)
 		w.Write(e.body)
 		return
@@ -148,15 +163,41 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	status, resp := f.execute(r)
 
+	ct := ""
+	if status == http.StatusCreated {
+		ct = "application/json"
+		w.Header().Set("Content-Type", ct)
+	}
 	f.mu.Lock()
 	if status >= 500 && !f.store5xx {
 		delete(f.keys, id)
 	} else {
-		e.done, e.status, e.body = true, status, resp
+		e.done, e.status, e.body, e.contentType = true, status, resp, ct
 	}
 	f.mu.Unlock()
 	w.WriteHeader(status)
 	w.Write(resp)
+}
+
+// fingerprint is the body's, or only the parts the broken knobs keep.
+func (f *fakeServer) fingerprint(body []byte) [32]byte {
+	if f.fingerprintOnly == nil && !f.topLevelOnly {
+		return sha256.Sum256(body)
+	}
+	var m map[string]any
+	_ = json.Unmarshal(body, &m)
+	kept := map[string]any{}
+	for k, v := range m {
+		if _, nested := v.(map[string]any); f.topLevelOnly && nested {
+			continue
+		}
+		if f.fingerprintOnly != nil && !slices.Contains(f.fingerprintOnly, k) {
+			continue
+		}
+		kept[k] = v
+	}
+	b, _ := json.Marshal(kept)
+	return sha256.Sum256(b)
 }
 
 // execute is the application: it waits at the gate, then charges.
@@ -200,7 +241,8 @@ func (discard) WriteHeader(int)             {}
 func fakeTarget(f *fakeServer, url string) idemtest.Target {
 	return idemtest.Target{
 		URL:         url + "/charges",
-		Body:        []byte(`{"order_id":"o1","amount_kopecks":1000}`),
+		AltURL:      url + "/refunds",
+		Body:        []byte(`{"order_id":"o1","amount_kopecks":1000,"card":{"last4":"4242","exp":{"month":12}}}`),
 		Header:      http.Header{"Authorization": {"Bearer alice"}},
 		PrincipalB:  http.Header{"Authorization": {"Bearer bob"}},
 		CountURL:    url + "/count",

@@ -22,7 +22,7 @@ var allChecks = []string{
 	idemtest.CheckBaseline, idemtest.CheckMissingKey, idemtest.CheckInvalidKey,
 	idemtest.CheckReplay, idemtest.CheckMismatch, idemtest.CheckConcurrency,
 	idemtest.CheckPrincipals, idemtest.CheckQuotedKey, idemtest.CheckRetryAfter,
-	idemtest.CheckServerErrorReleased, idemtest.CheckExpiry,
+	idemtest.CheckServerErrorReleased, idemtest.CheckExpiry, idemtest.CheckRoutes,
 }
 
 const fakeTTL = time.Second
@@ -86,7 +86,7 @@ func TestBrokenServersFailTheMatchingChecks(t *testing.T) {
 			name:   "ignores keys",
 			broken: broken{ignoreKeys: true},
 			wantFail: []string{idemtest.CheckMissingKey, idemtest.CheckInvalidKey, idemtest.CheckReplay,
-				idemtest.CheckMismatch, idemtest.CheckConcurrency, idemtest.CheckPrincipals, idemtest.CheckQuotedKey},
+				idemtest.CheckMismatch, idemtest.CheckConcurrency, idemtest.CheckPrincipals, idemtest.CheckQuotedKey, idemtest.CheckRoutes},
 			// It never answers in-progress: nothing to judge Retry-After on.
 			wantSkip: []string{idemtest.CheckRetryAfter},
 		},
@@ -94,7 +94,7 @@ func TestBrokenServersFailTheMatchingChecks(t *testing.T) {
 			name:     "ignores keys, no count",
 			broken:   broken{ignoreKeys: true},
 			noCount:  true,
-			wantFail: []string{idemtest.CheckMissingKey, idemtest.CheckInvalidKey, idemtest.CheckReplay, idemtest.CheckMismatch, idemtest.CheckConcurrency, idemtest.CheckPrincipals, idemtest.CheckQuotedKey},
+			wantFail: []string{idemtest.CheckMissingKey, idemtest.CheckInvalidKey, idemtest.CheckReplay, idemtest.CheckMismatch, idemtest.CheckConcurrency, idemtest.CheckPrincipals, idemtest.CheckQuotedKey, idemtest.CheckRoutes},
 			wantSkip: []string{idemtest.CheckRetryAfter},
 		},
 		{
@@ -122,6 +122,28 @@ func TestBrokenServersFailTheMatchingChecks(t *testing.T) {
 			name:     "refuses the quoted form",
 			broken:   broken{noQuoted: true},
 			wantFail: []string{idemtest.CheckQuotedKey},
+		},
+		{
+			// AltBody changes the amount, which this fingerprint covers:
+			// only the member-by-member variants catch it.
+			name:     "fingerprints the amount only",
+			broken:   broken{fingerprintOnly: []string{"amount_kopecks"}},
+			wantFail: []string{idemtest.CheckMismatch},
+		},
+		{
+			name:     "leaves nested members out of the fingerprint",
+			broken:   broken{topLevelOnly: true},
+			wantFail: []string{idemtest.CheckMismatch},
+		},
+		{
+			name:     "replays without the headers",
+			broken:   broken{noHeaders: true},
+			wantFail: []string{idemtest.CheckReplay},
+		},
+		{
+			name:     "keys not scoped by route",
+			broken:   broken{noRouteScope: true},
+			wantFail: []string{idemtest.CheckRoutes},
 		},
 	}
 	for _, tt := range testCases {
@@ -195,6 +217,7 @@ func TestSkipsSayWhatIsMissing(t *testing.T) {
 		idemtest.CheckPrincipals:          "PrincipalB",
 		idemtest.CheckServerErrorReleased: "FaultHeader",
 		idemtest.CheckExpiry:              "TTL",
+		idemtest.CheckRoutes:              "AltURL",
 	}
 	for name, field := range want {
 		res, _ := rep.Result(name)
@@ -231,8 +254,8 @@ func TestCheckReportsSubtests(t *testing.T) {
 	t.Parallel()
 	f := newFake(broken{}, fakeTTL)
 	target := fakeTarget(f, "")
-	target.URL, target.CountURL = "", ""
-	target.Handler, target.Path = f, "/charges"
+	target.URL, target.CountURL, target.AltURL = "", "", ""
+	target.Handler, target.Path, target.AltPath = f, "/charges", "/refunds"
 	target.Count = func(context.Context) (int64, error) {
 		f.mu.Lock()
 		defer f.mu.Unlock()

@@ -32,6 +32,7 @@ const (
 	CheckRetryAfter          = "retry-after"
 	CheckServerErrorReleased = "server-error-released"
 	CheckExpiry              = "expiry"
+	CheckRoutes              = "routes"
 )
 
 // Report is the outcome of Run.

@@ -78,6 +78,7 @@ type check struct {
 type runner struct {
 	t      Target
 	url    string
+	altURL string // "" without AltURL or AltPath
 	client *http.Client
 	close  func()
 	// baselineFailed makes every later check skip.
@@ -89,11 +90,14 @@ func newRunner(target Target) (*runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &runner{t: t, url: t.URL, client: t.Client, close: func() {}}
+	r := &runner{t: t, url: t.URL, altURL: t.AltURL, client: t.Client, close: func() {}}
 	var srv *httptest.Server
 	if t.Handler != nil {
 		srv = httptest.NewServer(t.Handler)
 		r.url = srv.URL + "/" + strings.TrimPrefix(t.Path, "/")
+		if t.AltPath != "" {
+			r.altURL = srv.URL + "/" + strings.TrimPrefix(t.AltPath, "/")
+		}
 	}
 	var own *http.Transport
 	if r.client == nil {
@@ -150,6 +154,8 @@ type reqOpts struct {
 	body  []byte
 	// header is set over the Target's Header (PrincipalB, FaultHeader).
 	header http.Header
+	// url, when set, is sent to instead of the Target's URL (AltURL).
+	url string
 }
 
 func withKey(k string) *string { return &k }
@@ -180,6 +186,36 @@ func (p response) inProgress() bool {
 // sameAs reports an identical status and body.
 func (p response) sameAs(q response) bool {
 	return p.err == nil && q.err == nil && p.status == q.status && bytes.Equal(p.body, q.body)
+}
+
+// replayHeaders are the response headers a replay must repeat: those the
+// idempotency package stores by default (idempotency.ReplayHeadersDefault),
+// which any store-and-replay server keeps.
+var replayHeaders = []string{"Content-Type", "Content-Language", "Location"}
+
+// headerDiff names the first of replayHeaders that differs between p and
+// q ("" when none does).
+func (p response) headerDiff(q response) string {
+	for _, h := range replayHeaders {
+		a, b := strings.Join(p.header.Values(h), ", "), strings.Join(q.header.Values(h), ", ")
+		if a != b {
+			return fmt.Sprintf("%s %q first, %q on the repeat", h, a, b)
+		}
+	}
+	return ""
+}
+
+// bodyDiff says where two bodies first differ ("" when they do not).
+func bodyDiff(a, b []byte) string {
+	if bytes.Equal(a, b) {
+		return ""
+	}
+	i := 0
+	for i < len(a) && i < len(b) && a[i] == b[i] {
+		i++
+	}
+	around := func(x []byte) []byte { return x[max(i-12, 0):min(i+12, len(x))] }
+	return fmt.Sprintf("bodies differ at byte %d (of %d and %d): %q vs %q", i, len(a), len(b), around(a), around(b))
 }
 
 func (p response) describe() string {
@@ -236,7 +272,11 @@ func shortKey(k string) string {
 func (r *runner) send(ctx context.Context, o reqOpts) response {
 	ctx, cancel := context.WithTimeout(ctx, r.t.RequestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, r.t.Method, r.url, bytes.NewReader(o.body))
+	u := r.url
+	if o.url != "" {
+		u = o.url
+	}
+	req, err := http.NewRequestWithContext(ctx, r.t.Method, u, bytes.NewReader(o.body))
 	if err != nil {
 		return response{err: err, header: http.Header{}}
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -63,7 +64,20 @@ type Target struct {
 	// mismatch and expiry checks. Defaults to Body with its first JSON
 	// number incremented (or, for a JSON object without numbers, a member
 	// "idemtest_variant" added; for other bodies, "-idemtest" appended).
+	// The mismatch check also sends, besides AltBody, Body with each of its
+	// members changed in turn, nested ones included (see fieldVariants).
 	AltBody []byte
+	// AltURL is another route of the same service (another POST
+	// endpoint, say) that answers AltURLBody with a 2xx: the routes check
+	// sends one key to URL and then to AltURL, which must be two
+	// independent operations (a key is scoped by route). Defaults to none:
+	// the routes check is skipped.
+	AltURL string
+	// AltPath is AltURL for a Handler target: a path on the httptest
+	// server. Defaults to none.
+	AltPath string
+	// AltURLBody is the body sent to AltURL. Defaults to Body.
+	AltURLBody []byte
 	// Header is sent on every request: the first principal's credentials,
 	// Content-Type and the like. Defaults to Content-Type: application/json
 	// when Body is JSON and no Content-Type is given.
@@ -150,6 +164,9 @@ func (t Target) withDefaults() (Target, error) {
 	if t.AltBody == nil {
 		t.AltBody = altBody(t.Body)
 	}
+	if t.AltURLBody == nil {
+		t.AltURLBody = t.Body
+	}
 	return t, t.validate()
 }
 
@@ -161,7 +178,15 @@ func (t Target) validate() error {
 	case t.URL != "" && t.Handler != nil:
 		return ErrTwoTargets
 	}
-	for _, u := range []struct{ name, v string }{{"URL", t.URL}, {"CountURL", t.CountURL}} {
+	switch {
+	case t.AltURL != "" && t.Handler != nil:
+		return fmt.Errorf("%w: AltURL is for a URL target; a Handler target takes AltPath", ErrInvalidTarget)
+	case t.AltPath != "" && t.Handler == nil:
+		return fmt.Errorf("%w: AltPath is for a Handler target; a URL target takes AltURL", ErrInvalidTarget)
+	case t.AltURL != "" && t.AltURL == t.URL, t.AltPath != "" && strings.TrimPrefix(t.AltPath, "/") == strings.TrimPrefix(t.Path, "/"):
+		return fmt.Errorf("%w: AltURL (AltPath) must name another route than URL (Path)", ErrInvalidTarget)
+	}
+	for _, u := range []struct{ name, v string }{{"URL", t.URL}, {"CountURL", t.CountURL}, {"AltURL", t.AltURL}} {
 		if u.v == "" {
 			continue
 		}
@@ -240,4 +265,137 @@ func bumpFirstNumber(v *any) bool {
 		}
 	}
 	return false
+}
+
+// maxVariants bounds the bodies the mismatch check derives from Body.
+const maxVariants = 32
+
+// variant is Body with one member changed.
+type variant struct {
+	field string // the member's path: "amount" or "card.number"
+	body  []byte
+}
+
+// fieldVariants returns Body with each of its JSON object members changed
+// in turn, members of nested objects (and of objects inside arrays)
+// included, at most maxVariants, in path order: a fingerprint that leaves
+// a member out (only the amounts, only the top level) replays the first
+// answer to one of them. A body that is not a JSON object has none.
+func fieldVariants(body []byte) []variant {
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.UseNumber()
+	var root any
+	if dec.Decode(&root) != nil {
+		return nil
+	}
+	if _, ok := root.(map[string]any); !ok {
+		return nil
+	}
+	var paths [][]any
+	var walk func(v any, path []any)
+	walk = func(v any, path []any) {
+		switch x := v.(type) {
+		case map[string]any:
+			names := make([]string, 0, len(x))
+			for k := range x {
+				names = append(names, k)
+			}
+			sort.Strings(names)
+			for _, k := range names {
+				p := append(append([]any{}, path...), k)
+				paths = append(paths, p)
+				walk(x[k], p)
+			}
+		case []any:
+			for i, e := range x {
+				if _, ok := e.(map[string]any); ok {
+					walk(e, append(append([]any{}, path...), i))
+				}
+			}
+		}
+	}
+	walk(root, nil)
+	var out []variant
+	for _, p := range paths {
+		if len(out) == maxVariants {
+			break
+		}
+		// A fresh copy of the body for each variant.
+		dec := json.NewDecoder(strings.NewReader(string(body)))
+		dec.UseNumber()
+		var v any
+		_ = dec.Decode(&v)
+		changeAt(v, p)
+		b, err := json.Marshal(v)
+		if err != nil || string(b) == string(body) {
+			continue
+		}
+		out = append(out, variant{field: pathString(p), body: b})
+	}
+	return out
+}
+
+// changeAt replaces the value at path p in v with a different one of the
+// same kind: a number plus one, a string with "x" appended, a boolean
+// negated, null made 0, an array with its first element repeated (or a 0
+// for an empty one), an object with a member added.
+func changeAt(v any, p []any) {
+	for i, step := range p {
+		last := i == len(p)-1
+		switch c := v.(type) {
+		case map[string]any:
+			k := step.(string)
+			if last {
+				c[k] = changed(c[k])
+				return
+			}
+			v = c[k]
+		case []any:
+			v = c[step.(int)]
+		}
+	}
+}
+
+func changed(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		if n, err := x.Int64(); err == nil && n < 1<<53 {
+			return json.Number(fmt.Sprint(n + 1))
+		}
+		if f, err := x.Float64(); err == nil && f+1 != f {
+			return f + 1
+		}
+		return json.Number("-" + strings.TrimPrefix(x.String(), "-") + "1")
+	case string:
+		return x + "x"
+	case bool:
+		return !x
+	case nil:
+		return 0
+	case []any:
+		if len(x) == 0 {
+			return []any{0}
+		}
+		return append(x, x[0])
+	case map[string]any:
+		x["idemtest_variant"] = 1
+		return x
+	}
+	return v
+}
+
+func pathString(p []any) string {
+	var b strings.Builder
+	for i, s := range p {
+		switch x := s.(type) {
+		case string:
+			if i > 0 {
+				b.WriteByte('.')
+			}
+			b.WriteString(x)
+		case int:
+			fmt.Fprintf(&b, "[%d]", x)
+		}
+	}
+	return b.String()
 }

@@ -29,9 +29,12 @@ Runs the Idempotency-Key conformance checks (package idemtest) against a live
 endpoint and prints one line per check: pass, fail or skip, with evidence.
 Exit status 0 when nothing failed, 1 when a check failed, 2 for bad flags.
 
-Checks: baseline, missing-key, invalid-key, replay, mismatch, concurrency,
-principals (needs --principal-b-header), quoted-key, retry-after,
-server-error-released (needs --fault-header), expiry (needs --ttl).
+Checks: baseline, missing-key, invalid-key, replay (status, Content-Type,
+Content-Language, Location and body), mismatch (--alt-body, then the body with
+each JSON member changed in turn, nested ones too), concurrency, principals
+(needs --principal-b-header), quoted-key, retry-after, server-error-released
+(needs --fault-header), expiry (needs --ttl), routes (needs --alt-url: the
+same key on another route is another operation).
 
 Every check uses fresh random keys and sends real requests: point it at a
 test or staging deployment, never at production money.
@@ -41,7 +44,8 @@ Examples:
     --count-url http://127.0.0.1:8090/ledger
   idem conformance --url http://127.0.0.1:8080/orders --body order.json \
     --header 'Authorization: Bearer alice-token' \
-    --principal-b-header 'Authorization: Bearer bob-token'`
+    --principal-b-header 'Authorization: Bearer bob-token' \
+    --alt-url http://127.0.0.1:8080/payments --alt-url-body payment.json`
 
 // headerFlag collects repeated 'Name: value' flags.
 type headerFlag struct{ h http.Header }
@@ -72,6 +76,8 @@ func runConformance(ctx context.Context, args []string) error {
 	fs.Var(&principalB, "principal-b-header", "'Name: value' set over --header to act as a second principal (repeatable); enables the principals check")
 	fs.Var(&slow, "slow-header", "'Name: value' that makes the endpoint slow (repeatable), sent on the requests racing for an in-progress answer (retry-after)")
 	fs.Var(&fault, "fault-header", "'Name: value' that makes the endpoint answer 5xx without executing (repeatable); enables server-error-released")
+	altURL := fs.String("alt-url", "", "`URL` of another route of the same service (another POST endpoint); enables the routes check")
+	altURLBodyFile := fs.String("alt-url-body", "", "`FILE` with the body sent to --alt-url (default: --body)")
 	countURL := fs.String("count-url", "", "`URL` read with GET before and after each check to count executions: a number, an array, {\"count\":n} or an object with a list (paysim's /ledger)")
 	concurrency := fs.Int("concurrency", idemtest.ConcurrencyDefault, "requests racing on one key")
 	ttl := fs.Duration("ttl", 0, "key retention the endpoint is configured with; enables the expiry check (waits that long)")
@@ -93,6 +99,7 @@ func runConformance(ctx context.Context, args []string) error {
 	// reach the report or an error line.
 	cli.HideURL(*url)
 	cli.HideURL(*countURL)
+	cli.HideURL(*altURL)
 	if *timeout <= 0 || *settle <= 0 {
 		return cli.Usagef("--timeout and --settle must be positive")
 	}
@@ -106,8 +113,16 @@ func runConformance(ctx context.Context, args []string) error {
 			return err
 		}
 	}
+	var altURLBody []byte
+	if *altURLBodyFile != "" {
+		if altURLBody, err = readBodyFlag("alt-url-body", *altURLBodyFile); err != nil {
+			return err
+		}
+	}
 	target := idemtest.Target{
 		URL:            *url,
+		AltURL:         *altURL,
+		AltURLBody:     altURLBody,
 		Method:         strings.ToUpper(*method),
 		Body:           body,
 		AltBody:        altBody,
@@ -129,7 +144,7 @@ func runConformance(ctx context.Context, args []string) error {
 	if err != nil {
 		return cli.Usagef("%s", strings.TrimPrefix(err.Error(), "idemtest: "))
 	}
-	scrubReport(rep, *url, *countURL)
+	scrubReport(rep, *url, *countURL, *altURL)
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")

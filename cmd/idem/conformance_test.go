@@ -32,8 +32,9 @@ func bodyFile(t *testing.T) string {
 	return p
 }
 
-// serveCounting serves app behind /charges and its execution count at
-// /count, on a loopback server closed at the end of the test.
+// serveCounting serves app behind /charges (and /refunds, another route)
+// and its execution count at /count, on a loopback server closed at the end
+// of the test.
 func serveCounting(t *testing.T, wrap func(http.Handler) http.Handler) string {
 	t.Helper()
 	var n atomic.Int64
@@ -49,6 +50,7 @@ func serveCounting(t *testing.T, wrap func(http.Handler) http.Handler) string {
 	})
 	mux := http.NewServeMux()
 	mux.Handle("POST /charges", wrap(app))
+	mux.Handle("POST /refunds", wrap(app))
 	mux.HandleFunc("GET /count", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "%d", n.Load()) })
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
@@ -80,6 +82,7 @@ func TestConformanceCLIPasses(t *testing.T) {
 		"--principal-b-header", "Authorization: Bearer demo-bob",
 		"--fault-header", "X-Fault: 1",
 		"--count-url", url+"/count",
+		"--alt-url", url+"/refunds",
 		"--ttl", "2s", "--json")
 	if code != 0 || stderr != "" {
 		t.Fatalf("exit %d, stderr %q\n%s", code, stderr, stdout)
@@ -98,8 +101,36 @@ func TestConformanceCLIPasses(t *testing.T) {
 			t.Errorf("%s: %s %s", r.Name, r.Status, r.Reason)
 		}
 	}
-	if len(passed) != 11 {
-		t.Fatalf("%d checks reported, want 11:\n%s", len(rep.Results), stdout)
+	if len(passed) != 12 {
+		t.Fatalf("%d checks reported, want 12:\n%s", len(rep.Results), stdout)
+	}
+}
+
+// TestConformanceCLIFieldsAndRoutes: the middleware with a fingerprint of
+// the amount only and one route for all: the member-by-member variants
+// and --alt-url catch both, exit status 1, and the evidence names the
+// member whose change was replayed.
+func TestConformanceCLIFieldsAndRoutes(t *testing.T) {
+	t.Parallel()
+	mw, err := idempotency.New(idempotency.NewMemoryStore(), &idempotency.Config{
+		Scope:             func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
+		FingerprintFields: []string{"amount_kopecks"},
+		Route:             func(*http.Request) string { return "/" },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := serveCounting(t, mw.Wrap)
+	stdout, stderr, code := runIdem(t, nil, "conformance", "-v",
+		"--url", url+"/charges", "--body", bodyFile(t), "--count-url", url+"/count",
+		"--header", "Authorization: Bearer demo-alice", "--alt-url", url+"/refunds")
+	if code != 1 || !strings.Contains(stderr, "checks failed: mismatch, routes") {
+		t.Fatalf("exit %d, stderr %q, want 1 naming mismatch and routes\n%s", code, stderr, stdout)
+	}
+	for _, want := range []string{"other body (customer_id changed) with the same key got 201", "the key is not scoped by route"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout)
+		}
 	}
 }
 
@@ -195,7 +226,7 @@ func TestConformanceCLIUnreachable(t *testing.T) {
 func TestConformanceCLIHelp(t *testing.T) {
 	t.Parallel()
 	stdout, stderr, code := runIdem(t, nil, "conformance", "--help")
-	if code != 0 || stderr != "" || !strings.Contains(stdout, "Usage: idem conformance") || !strings.Contains(stdout, "-principal-b-header") {
+	if code != 0 || stderr != "" || !strings.Contains(stdout, "Usage: idem conformance") || !strings.Contains(stdout, "-principal-b-header") || !strings.Contains(stdout, "-alt-url") {
 		t.Fatalf("exit %d, stderr %q\n%s", code, stderr, stdout)
 	}
 }
@@ -257,11 +288,11 @@ func TestConformanceCLIAgainstPaysimProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := rep.Names(idemtest.Pass); len(got) != 8 {
-		t.Fatalf("passed %v, want 8 (all but principals, server-error-released, expiry)\n%s", got, stdout)
+		t.Fatalf("passed %v, want 8 (all but principals, server-error-released, expiry, routes)\n%s", got, stdout)
 	}
 
 	stdout, stderr, code = runIdem(t, nil, append(args[:len(args)-1], "--ttl", "1s", "--settle", "500ms")...)
-	if code != 1 || !strings.Contains(stderr, "1 of 11 checks failed: expiry") {
+	if code != 1 || !strings.Contains(stderr, "1 of 12 checks failed: expiry") {
 		t.Fatalf("exit %d, stderr %q, want 1 naming expiry\n%s", code, stderr, stdout)
 	}
 	if !strings.Contains(stdout, "still answers 409 IDEMPOTENCY_KEY_REUSED") {
