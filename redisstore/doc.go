@@ -72,12 +72,18 @@
 //	                                            (answered 503), a writable one loses them at its
 //	                                            next resync. Never a stale replay or grant, as
 //	                                            long as the client is not pointed at a replica
-//	memory full, maxmemory-policy noeviction    claims fail with OOM errors (answered 503)
+//	memory full, maxmemory-policy noeviction    writes fail with OOM errors: a claim is answered
+//	                                            503 (the handler does not run); a refused
+//	                                            completion (large ones fail first) leaves its
+//	                                            claim until the lease runs out, and the retry
+//	                                            then runs the handler again. Nothing stored is
+//	                                            lost
 //	memory full, any other policy               VOID: records are evicted (every record has an
 //	                                            expiry, so volatile-* policies take them too)
-//	FLUSHALL, DEL or a key rewritten by hand    VOID for those keys; a record that is not this
-//	                                            store's is an error (ErrCorruptRecord), never
-//	                                            a replay
+//	FLUSHALL, DEL or a key rewritten by hand    VOID for those keys; a key under the prefix
+//	                                            that this store did not write is an error
+//	                                            (ErrCorruptRecord or the server's), never a
+//	                                            replay, and is not overwritten
 //	a response over Config.MaxResponseBytes     Complete refuses it (ErrResponseTooLarge); the
 //	                                            claim stands until its lease runs out
 //

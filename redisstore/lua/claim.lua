@@ -39,6 +39,8 @@ if r[1] and tonumber(r[5]) > now then
       return {'in_progress', 0, lease - now}
     end
     outcome = 'took_over'
+  elseif r[2] ~= 'released' then
+    return redis.error_reply('redisstore: corrupt record: unknown state')
   end
   -- 'released' with the same fingerprint: claimed again at once.
 end
