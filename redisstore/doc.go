@@ -52,6 +52,9 @@
 //	                                            owner's completion is fenced out
 //	a key expired, then used again              a fresh claim whose fence exceeds the old one
 //	a reply lost, the command re-sent           the same claim, completion or release
+//	the server's clock steps                    forward: leases end early, and a retry may take
+//	                                            over a running handler (fenced out at its
+//	                                            completion); backward: leases last longer
 //	Redis restart, appendonly yes,              every acknowledged write survives: completed
 //	  appendfsync always                        keys replay, claims keep fence and lease end
 //	Redis restart, appendfsync everysec         a process crash loses nothing acknowledged
