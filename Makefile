@@ -3,11 +3,11 @@ SHELL := /bin/bash
 GO ?= go
 SQLC_CONFIGS := $(shell find . -name sqlc.yaml -not -path './.git/*' | sort)
 PKGS := ./...
-# The adapter modules with heavy dependencies (kafka-go, nats.go) are Go
+# The adapter modules with heavy dependencies (kafka-go, nats.go, go-redis) are Go
 # modules of their own: `go test ./...` at the root does not enter them, so
 # vet, staticcheck and gotest run once per module. tools/ is the tool
 # module, not tested.
-MODULES := . kafkago natsjs otel prom
+MODULES := . kafkago natsjs otel prom redisstore
 
 .PHONY: help test fmt-check tidy-check vet staticcheck sqlc-check gotest generate bench mutants
 

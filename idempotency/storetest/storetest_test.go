@@ -60,6 +60,9 @@ func TestSuiteCatchesBrokenStores(t *testing.T) {
 		{"renewanyfence", []string{"RenewFencedByToken", "RenewKeepsKeyPastLease"}},
 		// Renew brings back a lease that ran out.
 		{"renewexpired", []string{"RenewAfterLeaseRanOut"}},
+		// Says its records expire by themselves (as Redis keys do), and
+		// they never do: Purge's other branch must catch it.
+		{"neverexpires", []string{"CompleteRetentionCountsFromCompletion", "Purge", "RenewExtendsRetention", "RetentionExpiry"}},
 	}
 	for _, tt := range testCases {
 		t.Run(tt.defect, func(t *testing.T) {
@@ -93,6 +96,8 @@ func TestBrokenStore(t *testing.T) {
 		})
 	case "nolease":
 		storetest.Run(t, func(*testing.T) idempotency.Store { return noLeaseStore{idempotency.NewMemoryStore()} })
+	case "neverexpires":
+		storetest.Run(t, func(*testing.T) idempotency.Store { return neverExpires{idempotency.NewMemoryStore()} })
 	case "norenew", "renewanyfence", "renewexpired":
 		defect := os.Getenv("STORETEST_DEFECT")
 		storetest.Run(t, func(*testing.T) idempotency.Store { return newRenewDefect(defect) })
@@ -136,6 +141,21 @@ type noLeaseStore struct{ *idempotency.MemoryStore }
 func (s noLeaseStore) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
 	c.Lease = 0
 	return s.MemoryStore.Claim(ctx, c)
+}
+
+// neverExpires claims to be a storetest.SelfExpiring store and keeps
+// every record for an hour, whatever its retention.
+type neverExpires struct{ *idempotency.MemoryStore }
+
+func (neverExpires) RecordsExpireThemselves() bool { return true }
+
+func (s neverExpires) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
+	c.Retention = time.Hour
+	return s.MemoryStore.Claim(ctx, c)
+}
+
+func (s neverExpires) Complete(ctx context.Context, k idempotency.KeyHash, fence int64, r *idempotency.Response, _ time.Duration) error {
+	return s.MemoryStore.Complete(ctx, k, fence, r, time.Hour)
 }
 
 // renewDefect is a MemoryStore whose Renew is broken in one way. It keeps
