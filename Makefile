@@ -3,13 +3,18 @@ SHELL := /bin/bash
 GO ?= go
 SQLC_CONFIGS := $(shell find . -name sqlc.yaml -not -path './.git/*' | sort)
 PKGS := ./...
-# The adapter modules with heavy dependencies (kafka-go, nats.go, go-redis) are Go
-# modules of their own: `go test ./...` at the root does not enter them, so
-# vet, staticcheck and gotest run once per module. tools/ is the tool
-# module, not tested.
-MODULES := . kafkago natsjs otel prom redisstore
+# Integrations with heavy dependencies (kafka-go, nats.go, go-redis,
+# OpenTelemetry, Prometheus), the reference service and the programs are Go
+# modules of their own, so that a user of the core downloads none of them.
+# go.work joins them for development: `./...` still means the root module
+# only, so ALL_PKGS names every module's tree, and one go invocation
+# schedules all their packages together. tools/ is the tool module (sqlc,
+# staticcheck), built once into .bin/ outside the workspace.
+MODULES := . examples/billing cmd kafkago natsjs otel prom redisstore
+ALL_PKGS := ./... $(foreach m,$(filter-out .,$(MODULES)),./$(m)/...)
+BIN := $(CURDIR)/.bin
 
-.PHONY: help test fmt-check tidy-check vet staticcheck sqlc-check gotest generate bench mutants
+.PHONY: help test fmt-check tidy-check vet staticcheck sqlc-check gotest generate bench tools mutants
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -25,26 +30,28 @@ tidy-check: ## fail if any module's go.mod or go.sum is not tidy
 		d=$$(dirname $$m); echo "go mod tidy -diff ($$d)"; (cd $$d && $(GO) mod tidy -diff) || { echo "$$d: run go mod tidy"; exit 1; }; \
 	done
 
+tools: ## build sqlc and staticcheck, pinned in tools/go.mod, into .bin/
+	@cd tools && GOWORK=off $(GO) build -o $(BIN)/ github.com/sqlc-dev/sqlc/cmd/sqlc honnef.co/go/tools/cmd/staticcheck
+
 vet: ## go vet, every module
-	@for m in $(MODULES); do echo "go vet ($$m)"; (cd $$m && $(GO) vet $(PKGS)) || exit 1; done
+	$(GO) vet $(ALL_PKGS)
 
-staticcheck: ## staticcheck, pinned in tools/go.mod, every module
-	@for m in $(MODULES); do echo "staticcheck ($$m)"; \
-		(cd $$m && $(GO) tool -modfile=$(CURDIR)/tools/go.mod staticcheck $(PKGS)) || exit 1; done
+staticcheck: tools ## staticcheck, every module
+	$(BIN)/staticcheck $(ALL_PKGS)
 
-sqlc-check: ## fail if sqlc-generated code is stale
+sqlc-check: tools ## fail if sqlc-generated code is stale
 	@for f in $(SQLC_CONFIGS); do \
-		echo "sqlc diff -f $$f"; $(GO) tool -modfile=tools/go.mod sqlc diff -f $$f || { echo "generated code is stale: run make generate"; exit 1; }; \
+		echo "sqlc diff -f $$f"; $(BIN)/sqlc diff -f $$f || { echo "generated code is stale: run make generate"; exit 1; }; \
 	done
 
 gotest: ## go test -race with goleak in every package, every module
-	@for m in $(MODULES); do echo "go test ($$m)"; (cd $$m && $(GO) test -race -count=1 -timeout 25m $(PKGS)) || exit 1; done
+	$(GO) test -race -count=1 -timeout 25m $(ALL_PKGS)
 
 mutants: ## the proof's mutation test alone (gotest runs it too): every deliberate bug must fail billing chaos
 	$(GO) test -count=1 -v -timeout 15m ./examples/billing/chaos/mutants/
 
-generate: ## regenerate sqlc code
-	@for f in $(SQLC_CONFIGS); do echo "sqlc generate -f $$f"; $(GO) tool -modfile=tools/go.mod sqlc generate -f $$f || exit 1; done
+generate: tools ## regenerate sqlc code
+	@for f in $(SQLC_CONFIGS); do echo "sqlc generate -f $$f"; $(BIN)/sqlc generate -f $$f || exit 1; done
 
 bench: ## idem bench for every scenario (needs PostgreSQL)
 	$(GO) run ./cmd/idem bench http

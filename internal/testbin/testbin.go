@@ -20,16 +20,86 @@ import (
 // test's package directory) into dir/name and returns the binary's path.
 // With race, the binary has the race detector: a data race in the child then
 // makes it exit 66, which a test that checks the exit status catches.
+//
+// An import path of another module of this repository (the programs in
+// cmd/, the reference service, the adapters) is built inside that module,
+// so that a test of one module can run another module's binary without
+// the first requiring the second.
 func Build(dir, name, pkg string, race bool) (string, error) {
 	out := filepath.Join(dir, name)
 	args := []string{"build", "-o", out}
 	if race {
 		args = append(args, "-race")
 	}
-	if b, err := exec.Command("go", append(args, pkg)...).CombinedOutput(); err != nil {
+	cmd := exec.Command("go", append(args, pkg)...)
+	if modDir, rel, ok := moduleOf(pkg); ok {
+		// -C must be the first flag.
+		cmd = exec.Command("go", append(append([]string{"build", "-C", modDir, "-o", out}, raceFlag(race)...), rel)...)
+	}
+	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
 	}
 	return out, nil
+}
+
+func raceFlag(race bool) []string {
+	if race {
+		return []string{"-race"}
+	}
+	return nil
+}
+
+// repoModule is the import path of the repository's root module.
+const repoModule = "github.com/idemkit/idem"
+
+// moduleOf finds the module of this repository that holds the import path
+// pkg: the deepest directory with a go.mod whose module path prefixes pkg.
+// It returns that directory and pkg relative to it ("./billing"). ok is
+// false for relative paths, paths outside the repository, and the root
+// module (built as usual from the calling test's directory).
+func moduleOf(pkg string) (dir, rel string, ok bool) {
+	if !strings.HasPrefix(pkg, repoModule+"/") {
+		return "", "", false
+	}
+	root, err := repoRoot()
+	if err != nil {
+		return "", "", false
+	}
+	sub := strings.TrimPrefix(pkg, repoModule+"/")
+	parts := strings.Split(sub, "/")
+	for i := len(parts) - 1; i >= 1; i-- {
+		cand := filepath.Join(append([]string{root}, parts[:i]...)...)
+		if _, err := os.Stat(filepath.Join(cand, "go.mod")); err == nil {
+			return cand, "./" + strings.Join(parts[i:], "/"), true
+		}
+	}
+	if _, err := os.Stat(filepath.Join(root, sub, "go.mod")); err == nil {
+		return filepath.Join(root, sub), ".", true
+	}
+	return "", "", false
+}
+
+// repoRoot walks up from the working directory to the directory whose
+// go.mod declares the root module.
+func repoRoot() (string, error) {
+	d, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(d, "go.mod")); err == nil {
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.TrimSpace(line) == "module "+repoModule {
+					return d, nil
+				}
+			}
+		}
+		parent := filepath.Dir(d)
+		if parent == d {
+			return "", errors.New("testbin: not inside the idem repository")
+		}
+		d = parent
+	}
 }
 
 // BuildT is Build into the test's temporary directory, with the race

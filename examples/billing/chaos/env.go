@@ -23,8 +23,9 @@ var ErrNoIdem = errors.New("chaos: no idem binary (set IDEM_BIN, put idem beside
 
 // LocateIdem finds the idem binary: explicit (a flag or IDEM_BIN), else
 // "idem" beside the running executable, else a fresh `go build` of
-// github.com/idemkit/idem/cmd/idem into dir when the go tool and the module
-// are at hand (the case of `go run ./cmd/billing demo`), else idem on PATH.
+// github.com/idemkit/idem/cmd/idem into dir when the go tool and the
+// repository are at hand (the case of `go run ./cmd/billing demo`), else
+// idem on PATH.
 // logf receives one line about what it does; it may be nil.
 func LocateIdem(ctx context.Context, explicit, dir string, logf func(string, ...any)) (string, error) {
 	if logf == nil {
@@ -42,19 +43,25 @@ func LocateIdem(ctx context.Context, explicit, dir string, logf func(string, ...
 			return p, nil
 		}
 	}
+	var buildErr error
 	if goBin, err := exec.LookPath("go"); err == nil {
-		if out, err := exec.CommandContext(ctx, goBin, "list", "-m").Output(); err == nil && strings.TrimSpace(string(out)) == "github.com/idemkit/idem" {
-			p := filepath.Join(dir, "idem")
-			logf("building idem (go build ./cmd/idem)")
-			cmd := exec.CommandContext(ctx, goBin, "build", "-o", p, "github.com/idemkit/idem/cmd/idem")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				return "", fmt.Errorf("chaos: go build idem: %v: %s", err, strings.TrimSpace(string(out)))
-			}
+		// Inside the repository (its go.work spans every module: the case
+		// of `go run ./cmd/billing demo`) the program builds; anywhere
+		// else the build fails and idem must come from PATH.
+		p := filepath.Join(dir, "idem")
+		logf("building idem (go build github.com/idemkit/idem/cmd/idem)")
+		cmd := exec.CommandContext(ctx, goBin, "build", "-o", p, "github.com/idemkit/idem/cmd/idem")
+		out, err := cmd.CombinedOutput()
+		if err == nil {
 			return p, nil
 		}
+		buildErr = fmt.Errorf("go build idem: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	if p, err := exec.LookPath("idem"); err == nil {
 		return p, nil
+	}
+	if buildErr != nil {
+		return "", fmt.Errorf("%w (%v)", ErrNoIdem, buildErr)
 	}
 	return "", ErrNoIdem
 }

@@ -291,8 +291,10 @@ func buildMutant(ctx context.Context, dir, root, name string) (string, error) {
 		return "", fmt.Errorf("mutant %s: testdata/%s.patch no longer applies to the module (%v); rewrite it against the current code:\n%s", name, name, err, out)
 	}
 	bin := filepath.Join(dir, "billing")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/billing")
-	build.Dir = src
+	// billing is in the cmd module; its go.mod replaces the core and the
+	// reference service with the copies beside it (../, ../examples/billing).
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./billing")
+	build.Dir = filepath.Join(src, "cmd")
 	build.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
 	if out, err := build.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("mutant %s: build: %v\n%s", name, err, out)

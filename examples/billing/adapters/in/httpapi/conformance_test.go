@@ -1,4 +1,4 @@
-package idemtest_test
+package httpapi_test
 
 import (
 	"context"
