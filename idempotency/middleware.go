@@ -86,10 +86,19 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	if rq.ctx != r.Context() {
 		r = r.WithContext(rq.ctx)
 	}
+	bodyRead := false
 	reject := func(status int, code, detail string, err error) {
 		e := rq.ev
 		e.Kind, e.Status, e.Err = EventRejected, status, err
 		m.hook(rq, e)
+		if !bodyRead && r.ContentLength != 0 {
+			// A refusal from the headers alone: without this, net/http
+			// would try to read (up to 256 KiB of) the unread body before
+			// the answer goes out, so a client whose body never comes
+			// would not get its 400 until a timeout. Closing instead of
+			// draining answers at once.
+			w.Header().Set("Connection", "close")
+		}
 		writeProblem(w, status, code, detail)
 	}
 
@@ -108,6 +117,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		return
 	}
 	body, err := readBody(r, m.cfg.MaxRequestBody)
+	bodyRead = err == nil
 	if errors.Is(err, ErrBodyTooLarge) {
 		reject(http.StatusRequestEntityTooLarge, idem.CodeBodyTooLarge, fmt.Sprintf("the request body exceeds %d bytes", m.cfg.MaxRequestBody), err)
 		return
