@@ -23,7 +23,12 @@
 //     first is in progress (in ModeTransactional: once the first has
 //     committed, see below);
 //   - 5xx, 408, 429, a panic and a client that hung up release the key, so
-//     that the retry runs the handler again;
+//     that the retry runs the handler again; so does a refusal the handler
+//     marks with DoNotStore (input validation before any effect), so that a
+//     corrected retry is not answered with the stored refusal;
+//   - a refusal from the headers alone (no key, a bad key, no principal, a
+//     declared body over the limit) is answered at once with
+//     Connection: close, without waiting for a body that may never come;
 //   - a store failure answers 503 and the handler does not run unprotected;
 //   - a client never gets two different successes for one key: a run whose
 //     completion is fenced out (its lease ran out and a retry took over)
