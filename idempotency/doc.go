@@ -24,8 +24,11 @@
 //     committed, see below);
 //   - 5xx, 408, 429, a panic and a client that hung up release the key, so
 //     that the retry runs the handler again; so does a refusal the handler
-//     marks with DoNotStore (input validation before any effect), so that a
-//     corrected retry is not answered with the stored refusal;
+//     marks with DoNotStore (input validation before any effect), whose
+//     refusal is then never replayed: in ModeTransactional nothing remains
+//     and the key may carry a corrected body; in ModeTwoStep the released
+//     key keeps its fingerprint, so the same request runs again and a
+//     different one is still IDEMPOTENCY_KEY_REUSED;
 //   - a refusal from the headers alone (no key, a bad key, no principal, a
 //     declared body over the limit) is answered at once with
 //     Connection: close, without waiting for a body that may never come;
