@@ -176,3 +176,46 @@ func TestRelativeLinksResolve(t *testing.T) {
 		}
 	}
 }
+
+// outsideRefs are the names of documents that live beside the repository
+// during development but not in it: nothing committed may cite them, since
+// a reader of the module cannot follow the reference.
+var outsideRefs = regexp.MustCompile(`ARCHITECTURE\.md|STYLE\.md|\.\./shared/|the seed article`)
+
+func TestNothingPointsOutsideTheRepository(t *testing.T) {
+	t.Parallel()
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != ".." && (strings.HasPrefix(name, ".") || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch filepath.Ext(path) {
+		case ".go", ".md", ".sql", ".yaml", ".tmpl", ".html", ".txt":
+		default:
+			if filepath.Base(path) != "Makefile" {
+				return nil
+			}
+		}
+		if path == filepath.Join("..", "docs", "docs_test.go") {
+			return nil // the pattern itself
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if m := outsideRefs.FindString(line); m != "" {
+				t.Errorf("%s:%d: cites %q, which is not in the repository", path, i+1, m)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -116,7 +116,7 @@ func FreshSchema(ctx context.Context, baseURL string) (string, func(context.Cont
 // and no throwaway cluster was allowed.
 var ErrNoDatabase = errors.New("chaos: no PostgreSQL: DATABASE_URL is empty and the local server does not answer")
 
-// ResolveDatabase applies the embedded defaults of ARCHITECTURE.md:
+// ResolveDatabase applies the embedded defaults of docs/contracts.md:
 // envURL (DATABASE_URL) when set, which must answer; else localURL (the
 // local server) when it answers; else, with allowTemp, a throwaway cluster
 // from the local PostgreSQL binaries (package pgtemp). The returned
