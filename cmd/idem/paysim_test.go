@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"os"
@@ -313,5 +314,57 @@ func TestPaysimDeclineRate(t *testing.T) {
 		if err != nil || len(lines) != 1 || !strings.Contains(lines[0], "0 charges, 1 declines") {
 			t.Fatalf("stop: %v, %q", err, lines)
 		}
+	}
+}
+
+// With OTEL_TRACES_EXPORTER=console, each charge request is a span printed
+// on stdout, in the caller's trace: the child of the traceparent's span.
+func TestPaysimConsoleTraceContinuesCaller(t *testing.T) {
+	t.Parallel()
+	p := startPaysim(t, []string{"OTEL_TRACES_EXPORTER=console"})
+	const traceID, parent = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+	req, err := http.NewRequest(http.MethodPost, p.url+"/charges", strings.NewReader(`{"order_id":"o-1","customer_id":"c-1","amount_kopecks":100}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", "trace-1")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("traceparent", "00-"+traceID+"-"+parent+"-01")
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("charge: %d", resp.StatusCode)
+	}
+	lines, err := p.stop(t)
+	if err != nil {
+		t.Fatalf("exit after SIGTERM: %v (stderr %q)", err, p.stderrText())
+	}
+	var found bool
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "{") {
+			continue
+		}
+		var s struct {
+			Name        string
+			SpanContext struct{ TraceID string }
+			Parent      struct{ SpanID string }
+		}
+		if err := json.Unmarshal([]byte(l), &s); err != nil {
+			t.Fatalf("stdout line %q: %v", l, err)
+		}
+		if s.Name == "POST /charges" {
+			found = true
+			if s.SpanContext.TraceID != traceID || s.Parent.SpanID != parent {
+				t.Errorf("span %+v, want trace %s, parent %s", s, traceID, parent)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no POST /charges span on stdout: %q", lines)
 	}
 }
