@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -49,6 +51,9 @@ type billing struct {
 	spans *tracetest.SpanRecorder
 	tp    *sdktrace.TracerProvider
 	tel   *idemotel.Instrumentation
+	// reader collects the OpenTelemetry metrics (traced runs set
+	// Config.TelemetryMetrics).
+	reader *sdkmetric.ManualReader
 }
 
 func startBilling(t *testing.T, traced bool) *billing {
@@ -56,11 +61,14 @@ func startBilling(t *testing.T, traced bool) *billing {
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	tel, err := idemotel.New(&idemotel.Config{TracerProvider: tp})
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	tel, err := idemotel.New(&idemotel.Config{TracerProvider: tp, MeterProvider: mp})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &billing{db: testdb.New(t), kc: testkafka.New(t), spans: sr, tp: tp, tel: tel}
+	b := &billing{db: testdb.New(t), kc: testkafka.New(t), spans: sr, tp: tp, tel: tel, reader: reader}
 	simCfg := &paysim.Config{Hook: tel.RequestHook(), Wrap: tel.Handler}
 	telemetry := tel
 	if !traced {
@@ -78,7 +86,7 @@ func startBilling(t *testing.T, traced bool) *billing {
 		done <- app.Run(ctx, app.Config{
 			Pool: pool, Brokers: b.kc.Addrs, PaymentURL: simURL, HTTPAddr: "127.0.0.1:0",
 			Tokens: []httpapi.Token{{Secret: "alice-token", Principal: "alice"}}, ShutdownTimeout: 10 * time.Second,
-			MetricsRefresh: 50 * time.Millisecond, Logger: quiet, Telemetry: telemetry,
+			MetricsRefresh: 50 * time.Millisecond, Logger: quiet, Telemetry: telemetry, TelemetryMetrics: traced,
 			OnListening: func(a net.Addr) { addr <- a },
 		})
 	}()
@@ -241,6 +249,15 @@ func TestOneTraceFromPOSTToCharge(t *testing.T) {
 		t.Errorf("batch links %v lack the confirm (%s) or the orders record (%s)", linked, confirm.SpanContext().SpanID(), ordersRec.SpanContext().SpanID())
 	}
 
+	// The OpenTelemetry metrics of the same run: the instruments the hooks
+	// feed, and the backlog gauge app.Run reads in the background.
+	b.waitFor(t, "the OpenTelemetry outbox gauge", func() bool { return b.otelMetric(t, "idem.outbox.events") != nil })
+	for _, name := range []string{"idem.idempotency.requests", "idem.outbox.published", "idem.consumer.records", "idem.client.attempts"} {
+		if b.otelMetric(t, name) == nil {
+			t.Errorf("no OpenTelemetry metric %s", name)
+		}
+	}
+
 	// Never a request's key (nor the principal) in a span. (billing's
 	// charge key is the command's event id, which messaging.message.id
 	// carries by the conventions: an event id is no secret in idem's
@@ -319,6 +336,24 @@ func TestMetricsServeIdemCollector(t *testing.T) {
 			t.Errorf("/metrics lacks %s", name)
 		}
 	}
+}
+
+// otelMetric collects the OpenTelemetry metrics and returns name's, or
+// nil.
+func (b *billing) otelMetric(t *testing.T, name string) *metricdata.Metrics {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := b.reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for i := range sm.Metrics {
+			if sm.Metrics[i].Name == name {
+				return &sm.Metrics[i]
+			}
+		}
+	}
+	return nil
 }
 
 // scrape GETs a /metrics over HTTP and parses it as Prometheus does.
