@@ -82,7 +82,9 @@ Environment:
   OTEL_TRACES_EXPORTER      otlp, console (one JSON span a line on stdout) or
                             none (default): the spans of every component, one
                             trace from a request's traceparent through the
-                            outbox and Kafka to the provider call
+                            outbox and Kafka to the provider call; spans still
+                            buffered at the stop are flushed for at most 2s
+                            after it
   OTEL_METRICS_EXPORTER     otlp, console, prometheus or none (default): idem's
                             metrics as OpenTelemetry instruments (/metrics serves
                             them either way); the exporters read the other

@@ -47,8 +47,10 @@ const (
 var ErrBadEnv = errors.New("otelenv: bad OpenTelemetry environment")
 
 // FlushTimeoutDefault bounds Setup.Shutdown's flush of what the
-// exporters still buffer.
-const FlushTimeoutDefault = 5 * time.Second
+// exporters still buffer: short, since it follows a stop already bounded
+// by SHUTDOWN_TIMEOUT (25s by default, below a 30s grace period), and an
+// unreachable OTLP collector would otherwise hold the exit.
+const FlushTimeoutDefault = 2 * time.Second
 
 // Setup is what FromEnv made.
 type Setup struct {
