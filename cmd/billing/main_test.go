@@ -59,8 +59,10 @@ type serveProc struct {
 	// AdminAddr is the bound admin address (ADMIN_ADDR), if any.
 	AdminAddr string
 	stderr    *testbin.Buffer
-	exited    chan struct{}
-	code      int
+	// stdout has every line of stdout (the console span exporter's, say).
+	stdout *testbin.Buffer
+	exited chan struct{}
+	code   int
 }
 
 // startServe runs `billing serve` with env (HTTP_ADDR defaults to
@@ -81,7 +83,7 @@ func startServe(t *testing.T, env []string, args ...string) *serveProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &serveProc{t: t, cmd: cmd, stderr: &testbin.Buffer{}, exited: make(chan struct{})}
+	p := &serveProc{t: t, cmd: cmd, stderr: &testbin.Buffer{}, stdout: &testbin.Buffer{}, exited: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -89,7 +91,9 @@ func startServe(t *testing.T, env []string, args ...string) *serveProc {
 	addrCh, adminCh := make(chan string, 1), make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 0, 64<<10), 4<<20) // a span is one line
 		for sc.Scan() {
+			_, _ = p.stdout.Write([]byte(sc.Text() + "\n"))
 			if a, ok := strings.CutPrefix(sc.Text(), "billing: listening on "); ok {
 				addrCh <- a
 			}

@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"strings"
 
+	"github.com/idemkit/idem/cmd/internal/otelenv"
 	"github.com/idemkit/idem/examples/billing/adapters/in/httpapi"
 	"github.com/idemkit/idem/examples/billing/app"
 	"github.com/idemkit/idem/internal/cli"
@@ -76,9 +78,20 @@ Environment:
   BILLING_UNSAFE            inbox, fingerprint, lease or publish: switch that protection
                             off so that billing chaos can prove its audit
                             catches the double charges (default: none; never
-                            in production; a loud warning is logged)`
+                            in production; a loud warning is logged)
+  OTEL_TRACES_EXPORTER      otlp, console (one JSON span a line on stdout) or
+                            none (default): the spans of every component, one
+                            trace from a request's traceparent through the
+                            outbox and Kafka to the provider call; spans still
+                            buffered at the stop are flushed for at most 2s
+                            after it
+  OTEL_METRICS_EXPORTER     otlp, console, prometheus or none (default): idem's
+                            metrics as OpenTelemetry instruments (/metrics serves
+                            them either way); the exporters read the other
+                            standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT,
+                            OTEL_SERVICE_NAME, ...)`
 
-func serve(ctx context.Context, args []string) error {
+func serve(ctx context.Context, args []string) (err error) {
 	fs := cli.FlagSet("serve", serveUsage)
 	roles := fs.String("roles", app.AllRoles, "comma-separated roles to run: http, relay, consumer, charger")
 	partitions := fs.Int("partitions", app.PartitionsDefault, "partitions of the topics created when missing")
@@ -151,12 +164,23 @@ func serve(ctx context.Context, args []string) error {
 	if r.Charger && paymentURL == "" {
 		return cli.Usagef("PAYMENT_URL is empty: the charger role needs the payment provider (for a simulator run 'idem paysim')")
 	}
+	tel, err := otelenv.FromEnv(ctx, "billing")
+	if err != nil {
+		return cli.Usagef("%v", err)
+	}
+	defer func() {
+		if ferr := tel.Shutdown(context.WithoutCancel(ctx)); ferr != nil {
+			err = errors.Join(err, fmt.Errorf("billing: flushing telemetry: %w", ferr))
+		}
+	}()
 	pool, err := cli.Connect(ctx, cli.DatabaseURL())
 	if err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	return app.Run(ctx, app.Config{
+		Telemetry:         tel.Tel,
+		TelemetryMetrics:  tel.Metrics,
 		Pool:              pool,
 		Brokers:           brokers,
 		PaymentURL:        paymentURL,

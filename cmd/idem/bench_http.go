@@ -16,11 +16,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/internal/cli"
 	"github.com/idemkit/idem/migrate"
+	idemotel "github.com/idemkit/idem/otel"
 )
 
 func init() {
@@ -31,7 +34,11 @@ func init() {
 			"  (claim, the handler's one-row INSERT, completion), through pgx, no HTTP;\n" +
 			"two-step: the middleware in ModeTwoStep; transactional: ModeTransactional\n" +
 			"  (claim, handler row and response in one commit); replay: repeats of\n" +
-			"  completed keys. Every handler run writes one row. Scratch schema (dropped after).",
+			"  completed keys; two-step-traced: two-step with OpenTelemetry tracing and\n" +
+			"  metrics on (idemotel's hook and traceparent extraction, SDK tracer with a\n" +
+			"  batch processor to a discarding exporter, SDK meter), its cost against\n" +
+			"  two-step in the same run. Every request carries a traceparent. Every\n" +
+			"  handler run writes one row. Scratch schema (dropped after).",
 		Flags: func(fs *benchFlags) {
 			fs.Int("seconds", 10, "measured seconds per variant, split over the rounds")
 			fs.Int("rounds", 5, "interleaved rounds: every round runs every variant once")
@@ -40,6 +47,10 @@ func init() {
 		Run: runBenchHTTP,
 	})
 }
+
+// benchTraceparent is the caller's trace context every request carries
+// (only the traced variant reads it).
+const benchTraceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 const benchHTTPBody = `{"amount_kopecks":1000,"customer_id":"c1","note":"bench"}`
 
@@ -119,8 +130,26 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Tracing on: the same two-step middleware with idemotel's hook, behind
+	// its traceparent extraction, over the SDK (every span sampled and
+	// exported in batches, to an exporter that drops them) and an SDK
+	// meter.
+	spans := &discardSpans{}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(spans), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	defer func() { _ = tp.Shutdown(context.WithoutCancel(ctx)) }()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	defer func() { _ = mp.Shutdown(context.WithoutCancel(ctx)) }()
+	tel, err := idemotel.New(&idemotel.Config{TracerProvider: tp, MeterProvider: mp})
+	if err != nil {
+		return nil, err
+	}
+	traced, err := idempotency.New(store, &idempotency.Config{Scope: scope, Hook: tel.RequestHook()})
+	if err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /two-step/rows", twoStep.Wrap(handler(false)))
+	mux.Handle("POST /traced/rows", tel.Handler(traced.Wrap(handler(false))))
 	mux.Handle("POST /transactional/rows", transactional.Wrap(handler(true)))
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -206,6 +235,13 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	}, op: func(ctx context.Context) error {
 		return send(ctx, "/two-step/rows", replay[replayNext.Add(1)%replayKeys], http.StatusCreated)
 	}})
+	variants = append(variants, struct {
+		name string
+		prep func(ctx context.Context) error
+		op   func(ctx context.Context) error
+	}{name: "two-step-traced", op: func(ctx context.Context) error {
+		return send(ctx, "/traced/rows", newKey(), http.StatusCreated)
+	}})
 
 	// The machine is shared: background load drifts. So the variants run
 	// interleaved, in rounds, each round giving every variant an equal
@@ -233,13 +269,35 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		}
 	}
 	var results []benchResult
+	byName := map[string]benchResult{}
 	for i, v := range variants {
 		r := samples[i].result(v.name)
 		fmt.Fprintf(env.Log, "http: %s: %.0f ops/s, p50 %.2f ms, p99 %.2f ms\n", r.Name, r.OpsPerSec, r.P50Ms, r.P99Ms)
 		results = append(results, r)
+		byName[r.Name] = r
+	}
+	// The traced variant must have traced: its spans reached the exporter.
+	if err := tp.ForceFlush(ctx); err != nil {
+		return nil, fmt.Errorf("two-step-traced: flush: %w", err)
+	}
+	if spans.n.Load() == 0 {
+		return nil, errors.New("two-step-traced: no span was exported")
+	}
+	if base := byName["two-step"].OpsPerSec; base > 0 {
+		fmt.Fprintf(env.Log, "http: tracing on/off (two-step-traced/two-step): %.3f\n", byName["two-step-traced"].OpsPerSec/base)
 	}
 	return results, nil
 }
+
+// discardSpans is a span exporter that counts and drops.
+type discardSpans struct{ n atomic.Int64 }
+
+func (d *discardSpans) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
+	d.n.Add(int64(len(spans)))
+	return nil
+}
+
+func (d *discardSpans) Shutdown(context.Context) error { return nil }
 
 func uniqueRun() string {
 	var b [6]byte
@@ -362,8 +420,8 @@ func (p *benchConns) post(ctx context.Context, path, key string, want int) error
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.c.SetDeadline(dl)
 	}
-	fmt.Fprintf(c.bw, "POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nX-User: bench\r\n%s: %s\r\nContent-Length: %d\r\n\r\n%s",
-		path, idem.HeaderKey, key, len(benchHTTPBody), benchHTTPBody)
+	fmt.Fprintf(c.bw, "POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nX-User: bench\r\n%s: %s\r\ntraceparent: %s\r\nContent-Length: %d\r\n\r\n%s",
+		path, idem.HeaderKey, key, benchTraceparent, len(benchHTTPBody), benchHTTPBody)
 	err := c.bw.Flush()
 	var resp *http.Response
 	if err == nil {

@@ -11,7 +11,7 @@ import (
 )
 
 // TestBenchHTTP runs `idem bench http --json` briefly against the test
-// server and checks the contract: one JSON object, the four result names in
+// server and checks the contract: one JSON object, the five result names in
 // order, every variant measured. It checks no speed: figures are for the
 // benchmark run, not for tests.
 func TestBenchHTTP(t *testing.T) {
@@ -44,7 +44,7 @@ func TestBenchHTTP(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
 		t.Fatalf("--json output %q: %v", out.String(), err)
 	}
-	want := []string{"sql-two-step", "two-step", "transactional", "replay"}
+	want := []string{"sql-two-step", "two-step", "transactional", "replay", "two-step-traced"}
 	if got.Scenario != "http" || len(got.Results) != len(want) {
 		t.Fatalf("output %s", out.String())
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/idem/cmd/internal/otelenv"
 	"github.com/idemkit/idem/internal/cli"
 	"github.com/idemkit/idem/internal/httpserver"
 	"github.com/idemkit/idem/paysim"
@@ -78,7 +79,13 @@ PAYSIM_LATENCY, PAYSIM_SEED, PAYSIM_MAX_LEDGER_ENTRIES (1000000),
 PAYSIM_MAX_LEDGER_BYTES (256MiB), PAYSIM_MAX_CONNS (256),
 PAYSIM_MAX_HEADER_BYTES (32768), PAYSIM_READ_HEADER_TIMEOUT (5s),
 PAYSIM_READ_TIMEOUT (10s), PAYSIM_WRITE_TIMEOUT (30s), PAYSIM_IDLE_TIMEOUT
-(60s).`
+(60s).
+
+OTEL_TRACES_EXPORTER=otlp|console|none (default none) exports a span per
+charge request, continuing the caller's traceparent (billing's charge worker
+sends its attempt's); console prints one JSON span a line on stdout. The
+exporters read the other standard OTEL_* variables (OTEL_SERVICE_NAME,
+OTEL_EXPORTER_OTLP_ENDPOINT, ...).`
 
 // paysimAddrDefault is loopback: paysim authenticates nobody, so listening
 // on every interface must be asked for.
@@ -178,6 +185,18 @@ func runPaysim(ctx context.Context, args []string) error {
 	}
 	if *verbose {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	tel, err := otelenv.FromEnv(ctx, "paysim")
+	if err != nil {
+		return cli.Usagef("%v", err)
+	}
+	defer func() {
+		if ferr := tel.Shutdown(context.WithoutCancel(ctx)); ferr != nil {
+			fmt.Fprintf(os.Stderr, "paysim: flushing telemetry: %v\n", ferr)
+		}
+	}()
+	if tel.Tel != nil {
+		cfg.Hook, cfg.Wrap = tel.Tel.RequestHook(), tel.Tel.Handler
 	}
 	sim, err := paysim.New(cfg)
 	if err != nil {

@@ -2,8 +2,12 @@ package main
 
 import (
 	"bufio"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -11,6 +15,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem/idemclient"
 	"github.com/idemkit/idem/paysim"
@@ -313,5 +320,126 @@ func TestPaysimDeclineRate(t *testing.T) {
 		if err != nil || len(lines) != 1 || !strings.Contains(lines[0], "0 charges, 1 declines") {
 			t.Fatalf("stop: %v, %q", err, lines)
 		}
+	}
+}
+
+// With OTEL_TRACES_EXPORTER=console, each charge request is a span printed
+// on stdout, in the caller's trace: the child of the traceparent's span.
+func TestPaysimConsoleTraceContinuesCaller(t *testing.T) {
+	t.Parallel()
+	p := startPaysim(t, []string{"OTEL_TRACES_EXPORTER=console"})
+	const traceID, parent = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+	req, err := http.NewRequest(http.MethodPost, p.url+"/charges", strings.NewReader(`{"order_id":"o-1","customer_id":"c-1","amount_kopecks":100}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", "trace-1")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("traceparent", "00-"+traceID+"-"+parent+"-01")
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("charge: %d", resp.StatusCode)
+	}
+	lines, err := p.stop(t)
+	if err != nil {
+		t.Fatalf("exit after SIGTERM: %v (stderr %q)", err, p.stderrText())
+	}
+	var found bool
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "{") {
+			continue
+		}
+		var s struct {
+			Name        string
+			SpanContext struct{ TraceID string }
+			Parent      struct{ SpanID string }
+		}
+		if err := json.Unmarshal([]byte(l), &s); err != nil {
+			t.Fatalf("stdout line %q: %v", l, err)
+		}
+		if s.Name == "POST /charges" {
+			found = true
+			if s.SpanContext.TraceID != traceID || s.Parent.SpanID != parent {
+				t.Errorf("span %+v, want trace %s, parent %s", s, traceID, parent)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no POST /charges span on stdout: %q", lines)
+	}
+}
+
+// With OTEL_TRACES_EXPORTER=otlp, the spans reach an OTLP/HTTP collector
+// (here a test receiver on loopback, OTEL_EXPORTER_OTLP_ENDPOINT), in the
+// caller's trace, under OTEL_SERVICE_NAME.
+func TestPaysimOTLPExport(t *testing.T) {
+	t.Parallel()
+	got := make(chan *coltracepb.ExportTraceServiceRequest, 16)
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		req := &coltracepb.ExportTraceServiceRequest{}
+		if err != nil || r.URL.Path != "/v1/traces" || proto.Unmarshal(b, req) != nil {
+			http.Error(w, "bad export", http.StatusBadRequest)
+			return
+		}
+		got <- req
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+		_, _ = w.Write(out)
+	}))
+	defer collector.Close()
+	p := startPaysim(t, []string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+		"OTEL_EXPORTER_OTLP_ENDPOINT=" + collector.URL, "OTEL_SERVICE_NAME=paysim-under-test"})
+	const traceID, parent = "5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174"
+	req, err := http.NewRequest(http.MethodPost, p.url+"/charges", strings.NewReader(`{"order_id":"o-1","customer_id":"c-1","amount_kopecks":100}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", "otlp-1")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("traceparent", "00-"+traceID+"-"+parent+"-01")
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("charge: %d", resp.StatusCode)
+	}
+	if _, err := p.stop(t); err != nil { // the stop flushes the batch
+		t.Fatalf("exit after SIGTERM: %v (stderr %q)", err, p.stderrText())
+	}
+	var found bool
+	for len(got) > 0 {
+		for _, rs := range (<-got).GetResourceSpans() {
+			service := ""
+			for _, kv := range rs.GetResource().GetAttributes() {
+				if kv.GetKey() == "service.name" {
+					service = kv.GetValue().GetStringValue()
+				}
+			}
+			for _, ss := range rs.GetScopeSpans() {
+				for _, sp := range ss.GetSpans() {
+					if sp.GetName() != "POST /charges" {
+						continue
+					}
+					found = true
+					if hex.EncodeToString(sp.GetTraceId()) != traceID || hex.EncodeToString(sp.GetParentSpanId()) != parent || service != "paysim-under-test" {
+						t.Errorf("span trace %x parent %x service %q; want %s, %s, paysim-under-test", sp.GetTraceId(), sp.GetParentSpanId(), service, traceID, parent)
+					}
+				}
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("the collector got no POST /charges span; stderr %q", p.stderrText())
 	}
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem/examples/billing/adapters/in/httpapi"
-	"github.com/idemkit/idem/examples/billing/adapters/out/payment"
 	"github.com/idemkit/idem/examples/billing/adapters/out/postgres"
 	"github.com/idemkit/idem/examples/billing/consumer"
 	"github.com/idemkit/idem/examples/billing/scheduler"
@@ -27,6 +26,7 @@ import (
 	"github.com/idemkit/idem/internal/httpserver"
 	"github.com/idemkit/idem/kafka"
 	"github.com/idemkit/idem/lifecycle"
+	idemotel "github.com/idemkit/idem/otel"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -213,6 +213,17 @@ type Config struct {
 	OnAdminListening func(addr net.Addr)
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Telemetry traces every component (package idemotel): the API's
+	// requests continue the caller's traceparent, the events they enqueue
+	// carry it through the outbox and Kafka to the consumers, and the
+	// charge worker's calls carry it to the provider. Defaults to nil: no
+	// spans. idem's Prometheus metrics (package idemprom) are on /metrics
+	// either way.
+	Telemetry *idemotel.Instrumentation
+	// TelemetryMetrics runs Telemetry's outbox backlog gauges too: set it
+	// when Telemetry's MeterProvider exports (OTEL_METRICS_EXPORTER).
+	// Defaults to false.
+	TelemetryMetrics bool
 }
 
 // Run applies the migrations, creates missing topics, starts the roles and
@@ -336,6 +347,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	metrics := httpapi.NewMetrics()
+	tele, err := newTelemetry(cfg.Telemetry, metrics)
+	if err != nil {
+		return err
+	}
 
 	var httpStage, consumerStage, relayStage, chargerStage, kafkaStage []lifecycle.Component
 
@@ -382,7 +397,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 
 		h, mw, err := httpapi.NewHandler(httpapi.Config{
-			DB: pool, Tokens: cfg.Tokens, Ready: g.ReadyHandler(), Metrics: metrics, MetricsHandler: apiMetrics, Logger: log,
+			DB: pool, Tokens: cfg.Tokens, Ready: g.ReadyHandler(), Metrics: metrics, MetricsHandler: apiMetrics, Logger: log, Hook: tele.request(),
 			UnsafeNoFingerprint: cfg.Unsafe == UnsafeFingerprint, UnsafeNoLease: cfg.Unsafe == UnsafeLease,
 		})
 		if err != nil {
@@ -399,11 +414,16 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		})
 		kafkaStage = append(kafkaStage, lifecycle.Closer(adminCl.Close))
 
-		srv := httpserver.New(h, srvCfg, log)
+		idemGauges, err := tele.gauges(pool, cfg.MetricsRefresh, cfg.TelemetryMetrics)
+		if err != nil {
+			return err
+		}
+		srv := httpserver.New(tele.handler(h), srvCfg, log)
 		httpStage = append(httpStage, lifecycle.NewHTTPServer(srv, httpserver.LimitListener(ln, srvCfg.MaxConns)))
 		// The idempotency records' retention purge and the gauges' refresh
 		// stop with the relay's background loops, after the last request.
 		relayStage = append(relayStage, mw, lifecycle.Go("metrics-gauges", gauges.Run))
+		relayStage = append(relayStage, idemGauges...)
 		if cfg.OnListening != nil {
 			cfg.OnListening(ln.Addr())
 		}
@@ -411,9 +431,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if roles.Consumer {
 		var c *kafka.Consumer
 		if cfg.Unsafe == UnsafeInbox {
-			c, err = consumer.NewUnsafeOrderConsumer(pool, cfg.Brokers, log, groupOpts...)
+			c, err = consumer.NewUnsafeOrderConsumer(pool, cfg.Brokers, log, tele.consumer(nil), groupOpts...)
 		} else {
-			c, err = consumer.NewOrderConsumer(pool, cfg.Brokers, log, metrics.InboxDuplicate(consumer.OrderGroup), groupOpts...)
+			c, err = consumer.NewOrderConsumer(pool, cfg.Brokers, log, tele.consumer(consumer.OnDuplicate(metrics.InboxDuplicate(consumer.OrderGroup))), groupOpts...)
 		}
 		if err != nil {
 			return err
@@ -437,7 +457,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		// The batch in hand must finish inside the relay's stage: its
 		// timeout is below the stage's budget.
 		batchTimeout := min(outbox.BatchTimeoutDefault, share(20)*3/4)
-		loops, err := scheduler.New(pool, pub, batchTimeout, cfg.OutboxLeaseTTL, log)
+		loops, err := scheduler.New(pool, pub, batchTimeout, cfg.OutboxLeaseTTL, log, tele.loops())
 		if err != nil {
 			return err
 		}
@@ -445,14 +465,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		kafkaStage = append(kafkaStage, lifecycle.Closer(prodCl.Close))
 	}
 	if roles.Charger {
-		gw, err := payment.New(cfg.PaymentURL, 10*time.Second)
+		gw, err := tele.gateway(cfg.PaymentURL, 10*time.Second)
 		if err != nil {
 			return err
 		}
 		w, err := consumer.NewChargeWorker(pool, gw, &consumer.ChargeWorkerConfig{
 			Brokers: cfg.Brokers, Logger: log, OnSettled: metrics.ChargeSettled,
 			OnDuplicate: metrics.InboxDuplicate(consumer.ChargeGroupDefault), OnProviderReplay: metrics.ProviderReplay,
-			ClientOpts: groupOpts, UnsafeNoInbox: cfg.Unsafe == UnsafeInbox,
+			ClientOpts: groupOpts, UnsafeNoInbox: cfg.Unsafe == UnsafeInbox, Hook: tele.consumer(nil),
 		})
 		if err != nil {
 			return err

@@ -176,3 +176,44 @@ go_gc_duration_seconds{quantile="0.5"} NaN
 		t.Error("has() wrong")
 	}
 }
+
+// The report's server-side counters come from idem's collector when
+// billing serves it, else from billing's own counters; n/a (-1) when no
+// process exported either.
+func TestServerCounters(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name          string
+		text          string
+		replays, dups int64
+	}{
+		{"idem collector", `idem_idempotency_requests_total{route="/orders",method="POST",mode="two_step",outcome="complete"} 9
+idem_idempotency_replays_total{route="/orders",method="POST",mode="two_step"} 3
+idem_idempotency_replays_total{route="/payments",method="POST",mode="two_step"} 2
+idem_consumer_records_total{consumer="billing-service",topic="orders.events",outcome="processed"} 4
+idem_consumer_duplicates_total{consumer="billing-charger",topic="billing.commands"} 1
+billing_idempotency_events_total{kind="replay"} 99
+billing_inbox_duplicates_total{consumer="billing-service"} 99
+`, 5, 1},
+		{"idem collector, nothing replayed or skipped", `idem_idempotency_requests_total{route="/orders",method="POST",mode="two_step",outcome="complete"} 9
+idem_consumer_records_total{consumer="billing-service",topic="orders.events",outcome="processed"} 4
+billing_idempotency_events_total{kind="replay"} 99
+`, 0, 0},
+		{"billing's own only", `billing_idempotency_events_total{kind="replay"} 7
+billing_idempotency_events_total{kind="claim"} 70
+billing_inbox_duplicates_total{consumer="billing-service"} 2
+`, 7, 2},
+		{"neither", `paysim_replays_total 4
+`, -1, -1},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, tt.text) }))
+		hc := &http.Client{}
+		sc := newScraper(hc)
+		sc.scrape(context.Background(), &proc{name: "b1", addr: strings.TrimPrefix(srv.URL, "http://")}, "/metrics")
+		hc.CloseIdleConnections()
+		srv.Close()
+		if r, d := sc.serverCounters(); r != tt.replays || d != tt.dups {
+			t.Errorf("%s: replays %d, inbox %d; want %d, %d", tt.name, r, d, tt.replays, tt.dups)
+		}
+	}
+}

@@ -30,6 +30,7 @@ import (
 	"github.com/idemkit/idem/internal/failpoint"
 	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/internal/pgtemp"
+	idemprom "github.com/idemkit/idem/prom"
 )
 
 // Metric names read from billing's /metrics (examples/billing) and
@@ -49,6 +50,14 @@ const (
 	// outcome="replayed" series, if billing has one, is the provider key
 	// layer too.
 	MetricCharges = "billing_charges_total"
+	// MetricIdemReplays, MetricIdemRequests, MetricIdemDuplicates and
+	// MetricIdemRecords are idem's collector's (package idemprom), which
+	// billing's /metrics serves: the server-side replays and the inbox's
+	// skipped redeliveries are read from them first.
+	MetricIdemReplays    = idemprom.MetricReplays
+	MetricIdemRequests   = idemprom.MetricRequests
+	MetricIdemDuplicates = idemprom.MetricConsumerDuplicates
+	MetricIdemRecords    = idemprom.MetricConsumerRecords
 	// MetricPaysimReplays is paysim's own count of replayed charges, read
 	// from paysim's /metrics when it has one (preferred).
 	MetricPaysimReplays = "paysim_replays_total"
@@ -889,15 +898,8 @@ func (r *run) fillReport() {
 	rep.Stopped.HTTPInProgress = d.inProgress.Load()
 	rep.Stopped.Fingerprint = d.reuseRejected.Load()
 	rep.Stopped.FingerprintProbes = d.reuseProbes.Load()
-	rep.Stopped.HTTPServerReplays, rep.Stopped.Inbox, rep.Stopped.Provider = -1, -1, -1
-	if r.scr.has(MetricIdempotencyEvents, `kind="replay"`) {
-		rep.Stopped.HTTPServerReplays = int64(r.scr.total(MetricIdempotencyEvents, `kind="replay"`))
-	} else if r.scr.has(MetricIdempotencyEvents) {
-		rep.Stopped.HTTPServerReplays = 0
-	}
-	if r.scr.has(MetricInboxDuplicates) {
-		rep.Stopped.Inbox = int64(r.scr.total(MetricInboxDuplicates))
-	}
+	rep.Stopped.Provider = -1
+	rep.Stopped.HTTPServerReplays, rep.Stopped.Inbox = r.scr.serverCounters()
 	switch {
 	case r.scr.has(MetricPaysimReplays):
 		rep.Stopped.Provider = int64(r.scr.total(MetricPaysimReplays))

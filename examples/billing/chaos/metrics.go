@@ -177,3 +177,27 @@ func (s *scraper) has(name string, labels ...string) bool {
 	}
 	return false
 }
+
+// serverCounters are the replays billing's idempotency middleware counted
+// and the redeliveries its inbox skipped, over every incarnation; -1 when
+// no process exported the metric. idem's collector (MetricIdem*) is read
+// first: once billing serves it (its request or record counters are
+// there), a missing replay or duplicate series is zero. Without it,
+// billing's own counters (MetricIdempotencyEvents, MetricInboxDuplicates)
+// are read.
+func (s *scraper) serverCounters() (replays, inbox int64) {
+	replays, inbox = -1, -1
+	switch {
+	case s.has(MetricIdemRequests) || s.has(MetricIdemReplays):
+		replays = int64(s.total(MetricIdemReplays))
+	case s.has(MetricIdempotencyEvents):
+		replays = int64(s.total(MetricIdempotencyEvents, `kind="replay"`))
+	}
+	switch {
+	case s.has(MetricIdemRecords) || s.has(MetricIdemDuplicates):
+		inbox = int64(s.total(MetricIdemDuplicates))
+	case s.has(MetricInboxDuplicates):
+		inbox = int64(s.total(MetricInboxDuplicates))
+	}
+	return replays, inbox
+}

@@ -292,7 +292,7 @@ func TestOrderConsumerEmitsOneCommandPerEvent(t *testing.T) {
 	after := ev("ord_3", "e-4", `{"order_id":"ord_3","customer_id":"c1","total_kopecks":800}`)
 	b.produce(t, good, &dup, bad, after)
 	var dups atomic.Int64
-	c, err := consumer.NewOrderConsumer(b.db.Pool, b.kc.Addrs, quiet, func() { dups.Add(1) }, kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	c, err := consumer.NewOrderConsumer(b.db.Pool, b.kc.Addrs, quiet, consumer.OnDuplicate(func() { dups.Add(1) }), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,17 +30,29 @@ const OrderGroup = "billing-service"
 // is committed after that transaction (package kafka). Several instances
 // share the partitions through the group.
 //
-// onDuplicate, if not nil, is called for each redelivered event the inbox
-// skipped.
-func NewOrderConsumer(db consume.DB, brokers []string, log *slog.Logger, onDuplicate func(), opts ...kgo.Opt) (*kafka.Consumer, error) {
-	return newOrderConsumer(db, brokers, log, onDuplicate, false, opts)
+// hook, if not nil, is the consumer's hook (kafka.ConsumerConfig.Hook):
+// tracing, metrics, the count of redelivered events the inbox skipped
+// (OnDuplicate).
+func NewOrderConsumer(db consume.DB, brokers []string, log *slog.Logger, hook func(context.Context, kafka.ConsumerEvent) context.Context, opts ...kgo.Opt) (*kafka.Consumer, error) {
+	return newOrderConsumer(db, brokers, log, hook, false, opts)
+}
+
+// OnDuplicate returns a consumer hook calling f for each record skipped as
+// already processed (consume.KindDuplicate).
+func OnDuplicate(f func()) func(context.Context, kafka.ConsumerEvent) context.Context {
+	return func(ctx context.Context, e kafka.ConsumerEvent) context.Context {
+		if e.Kind == consume.KindDuplicate {
+			f()
+		}
+		return ctx
+	}
 }
 
 // NewUnsafeOrderConsumer is NewOrderConsumer without the inbox
 // (BILLING_UNSAFE=inbox), for proving that the chaos audit catches what the
 // inbox prevents; never in production. See DeliveryEventID.
-func NewUnsafeOrderConsumer(db consume.DB, brokers []string, log *slog.Logger, opts ...kgo.Opt) (*kafka.Consumer, error) {
-	return newOrderConsumer(db, brokers, log, nil, true, opts)
+func NewUnsafeOrderConsumer(db consume.DB, brokers []string, log *slog.Logger, hook func(context.Context, kafka.ConsumerEvent) context.Context, opts ...kgo.Opt) (*kafka.Consumer, error) {
+	return newOrderConsumer(db, brokers, log, hook, true, opts)
 }
 
 // DeliveryEventID is the event id of the unsafe consumers: the record's
@@ -69,7 +81,7 @@ func deliverySuffix() string {
 	return "~delivery-" + hex.EncodeToString(b[:])
 }
 
-func newOrderConsumer(db consume.DB, brokers []string, log *slog.Logger, onDuplicate func(), unsafeNoInbox bool, opts []kgo.Opt) (*kafka.Consumer, error) {
+func newOrderConsumer(db consume.DB, brokers []string, log *slog.Logger, hook func(context.Context, kafka.ConsumerEvent) context.Context, unsafeNoInbox bool, opts []kgo.Opt) (*kafka.Consumer, error) {
 	handler := func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
 		if t := header(rec, kafka.HeaderEventType); t != "" && t != usecase.EventOrderConfirmed {
 			return nil // another event type on the topic: not ours, marked done
@@ -79,15 +91,6 @@ func newOrderConsumer(db consume.DB, brokers []string, log *slog.Logger, onDupli
 			return kafka.Permanent(err)
 		}
 		return err
-	}
-	var hook func(context.Context, kafka.ConsumerEvent) context.Context
-	if onDuplicate != nil {
-		hook = func(ctx context.Context, e kafka.ConsumerEvent) context.Context {
-			if e.Kind == consume.KindDuplicate {
-				onDuplicate()
-			}
-			return ctx
-		}
 	}
 	cfg := &kafka.ConsumerConfig{
 		Brokers:    brokers,

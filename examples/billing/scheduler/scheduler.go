@@ -5,6 +5,7 @@
 package scheduler
 
 import (
+	"context"
 	"log/slog"
 	"time"
 
@@ -15,6 +16,14 @@ import (
 	"github.com/idemkit/idem/outbox"
 )
 
+// Hooks are the loops' hooks; a nil one is none.
+type Hooks struct {
+	// Relay is outbox.RelayConfig.Hook.
+	Relay func(context.Context, outbox.RelayEvent) context.Context
+	// InboxPurge is inbox.PurgerConfig.Hook.
+	InboxPurge func(context.Context, inbox.PurgeEvent) context.Context
+}
+
 // New returns the outbox relay in two-phase mode (PENDING → PUBLISHING →
 // PUBLISHED under a lease, publish outside any transaction; its HardStop
 // abandons the batch in hand, whose rows the reaper returns after the
@@ -23,13 +32,14 @@ import (
 // finishes inside it), and the inbox purger. leaseTTL is how
 // long the rows of a relay that died mid-batch stay PUBLISHING before the
 // reaper returns them (0: outbox.LeaseTTLDefault); it must exceed twice
-// batchTimeout.
-func New(db *pgxpool.Pool, pub outbox.Publisher, batchTimeout, leaseTTL time.Duration, log *slog.Logger) ([]lifecycle.Component, error) {
-	relay, err := outbox.NewRelay(db, pub, &outbox.RelayConfig{Mode: outbox.TwoPhase, BatchTimeout: batchTimeout, LeaseTTL: leaseTTL, Logger: log})
+// batchTimeout. h's hooks (tracing, metrics) go to the relay and the
+// purger.
+func New(db *pgxpool.Pool, pub outbox.Publisher, batchTimeout, leaseTTL time.Duration, log *slog.Logger, h Hooks) ([]lifecycle.Component, error) {
+	relay, err := outbox.NewRelay(db, pub, &outbox.RelayConfig{Mode: outbox.TwoPhase, BatchTimeout: batchTimeout, LeaseTTL: leaseTTL, Logger: log, Hook: h.Relay})
 	if err != nil {
 		return nil, err
 	}
-	purger, err := inbox.NewPurger(db, &inbox.PurgerConfig{Logger: log})
+	purger, err := inbox.NewPurger(db, &inbox.PurgerConfig{Logger: log, Hook: h.InboxPurge})
 	if err != nil {
 		return nil, err
 	}

@@ -34,7 +34,7 @@ func TestRelayPublishesAndStops(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	comps, err := scheduler.New(db.Pool, pub, 2*time.Second, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	comps, err := scheduler.New(db.Pool, pub, 2*time.Second, 0, slog.New(slog.NewTextHandler(io.Discard, nil)), scheduler.Hooks{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,6 +58,11 @@ func NewMetrics() *Metrics {
 	return m
 }
 
+// Registry is the registry /metrics serves: idem's own collector (module
+// github.com/idemkit/idem/prom) registers its metrics here, beside
+// billing's.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
 // MaxScrapesDefault is ScrapeConfig.MaxInFlight's default.
 const MaxScrapesDefault = 2
 
