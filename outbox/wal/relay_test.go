@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -266,4 +268,50 @@ func TestBadConfig(t *testing.T) {
 	if err := r.Stop(ctx); err != nil {
 		t.Fatalf("Stop after a failed Start: %v", err)
 	}
+}
+
+// TestLagHook: while an event cannot be published, the relay's lag
+// measure reports the WAL its slot retains and the age of that event, and
+// warns past the thresholds; once it goes through, the age is 0 again.
+func TestLagHook(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	hl := newHookLog()
+	fl := &flaky{next: b.kpub}
+	fl.setFail(func(e outbox.Event) bool { return e.EventID == "stuck" })
+	var logBuf syncBuffer
+	b.start(t, fl, &wal.Config{Hook: hl.hook, LagInterval: 20 * time.Millisecond, LagWarnBytes: 1,
+		Logger: slog.New(slog.NewTextHandler(&logBuf, nil))})
+	b.enqueue(t, msg("a", "stuck"))
+	e := hl.waitFor(t, "a lag with an age", func(e outbox.RelayEvent) bool {
+		return e.Kind == outbox.RelaySlotLag && e.Err == nil && e.LagAge > 0 && e.LagBytes > 0
+	})
+	if e.Slot != b.slot || e.Mode != outbox.WAL {
+		t.Fatalf("lag event %+v", e)
+	}
+	fl.setFail(nil)
+	b.kc.ReadAll(t, b.topic, 1, 60*time.Second)
+	hl.waitFor(t, "a lag without an age", func(e outbox.RelayEvent) bool {
+		return e.Kind == outbox.RelaySlotLag && e.Err == nil && e.LagAge == 0
+	})
+	if !strings.Contains(logBuf.String(), "slot lag past its threshold") {
+		t.Fatalf("no lag warning logged:\n%s", logBuf.String())
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
