@@ -108,8 +108,8 @@ func TestOutboxStatusSlot(t *testing.T) {
 		Slots   []struct {
 			Slot      string
 			Active    bool
-			LagBytes  int64 `json:"lag_bytes"`
-			Retained  int64 `json:"retained_bytes"`
+			LagBytes  int64  `json:"lag_bytes"`
+			Retained  int64  `json:"retained_bytes"`
 			WALStatus string `json:"wal_status"`
 			Warning   string
 		}
