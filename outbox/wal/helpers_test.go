@@ -45,7 +45,7 @@ func randName() string {
 	return hex.EncodeToString(b[:])
 }
 
-func setup(t *testing.T) *bundle {
+func setup(t testing.TB) *bundle {
 	t.Helper()
 	n := randName()
 	b := &bundle{db: testdb.New(t), kc: testkafka.New(t), topic: "events", slot: "t_" + n, pub: "t_" + n, prefix: "idem.test." + n}
@@ -64,7 +64,7 @@ func setup(t *testing.T) *bundle {
 // dropSlot drops the test's slot and publication. A slot stays active
 // for a moment after its reader's connection closed: retry until the
 // server lets it go.
-func dropSlot(t *testing.T, b *bundle) {
+func dropSlot(t testing.TB, b *bundle) {
 	ctx := context.Background()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
