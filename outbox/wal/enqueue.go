@@ -55,15 +55,19 @@ type Enqueuer struct {
 // EnqueueTx is the package's EnqueueTx with e's prefix. An invalid prefix
 // is an error wrapping ErrInvalidConfig.
 func (e Enqueuer) EnqueueTx(ctx context.Context, tx pgx.Tx, msgs ...outbox.Message) ([]string, error) {
+	if tx == nil {
+		return nil, fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
+	}
+	return e.enqueue(ctx, tx, msgs)
+}
+
+func (e Enqueuer) enqueue(ctx context.Context, db outbox.DBTX, msgs []outbox.Message) ([]string, error) {
 	prefix := e.Prefix
 	if prefix == "" {
 		prefix = PrefixDefault
 	}
 	if err := checkPrefix(prefix); err != nil {
 		return nil, err
-	}
-	if tx == nil {
-		return nil, fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
 	}
 	if len(msgs) == 0 {
 		return nil, nil
@@ -83,17 +87,34 @@ func (e Enqueuer) EnqueueTx(ctx context.Context, tx pgx.Tx, msgs ...outbox.Messa
 	}
 	var err error
 	if len(contents) == 1 {
-		_, err = tx.Exec(ctx, "SELECT pg_logical_emit_message(true, $1, $2::bytea)", prefix, contents[0])
+		_, err = db.Exec(ctx, "SELECT pg_logical_emit_message(true, $1, $2::bytea)", prefix, contents[0])
 	} else {
 		// Volatile functions in the select list run after the sort, so the
 		// messages are written in slice order.
-		_, err = tx.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, m)
+		_, err = db.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, m)
 			FROM unnest($2::bytea[]) WITH ORDINALITY AS t(m, i) ORDER BY i`, prefix, contents)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("outbox/wal: enqueue: %w", err)
 	}
 	return ids, nil
+}
+
+// Enqueue is EnqueueTx for events that describe no other write: its one
+// statement runs on db (a pool or a connection) as a transaction of its
+// own, so the slice is written whole or not at all, and commits before it
+// returns. Events that must commit with a state change belong in that
+// change's transaction: use EnqueueTx.
+func Enqueue(ctx context.Context, db outbox.DBTX, msgs ...outbox.Message) ([]string, error) {
+	return defaultEnqueuer.Enqueue(ctx, db, msgs...)
+}
+
+// Enqueue is the package's Enqueue with e's prefix.
+func (e Enqueuer) Enqueue(ctx context.Context, db outbox.DBTX, msgs ...outbox.Message) ([]string, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: db is nil", ErrInvalidConfig)
+	}
+	return e.enqueue(ctx, db, msgs)
 }
 
 // checkMessage applies outbox.EnqueueTx's rules, so that an event valid in

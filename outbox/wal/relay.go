@@ -116,6 +116,28 @@ func (r *Relay) emit(ctx context.Context, e outbox.RelayEvent) context.Context {
 	return idem.CallHook(r.cfg.Hook, ctx, e)
 }
 
+// CreateSlot makes sure the slot and the publication of cfg exist on the
+// server connString names, creating them if missing, as Relay.Start does;
+// ErrNotLogical when the server does not decode logical WAL. A program
+// whose instances enqueue without all running a relay calls it at start,
+// before the first EnqueueTx: a message written before the slot existed
+// is never decoded. ctx bounds the call.
+func CreateSlot(ctx context.Context, connString string, cfg *Config) error {
+	r, err := NewRelay(connString, nopPublisher{}, cfg)
+	if err != nil {
+		return err
+	}
+	conn, err := r.connect(ctx)
+	if err != nil {
+		return err
+	}
+	return conn.Close(ctx)
+}
+
+type nopPublisher struct{}
+
+func (nopPublisher) Publish(context.Context, []outbox.Event) error { return nil }
+
 // connect opens a replication connection and makes sure the publication
 // and the slot exist.
 func (r *Relay) connect(ctx context.Context) (*pgconn.PgConn, error) {
