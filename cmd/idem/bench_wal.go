@@ -132,10 +132,22 @@ func benchWALEnqueue(ctx context.Context, env *benchEnv, pool *pgxpool.Pool) ([]
 	}
 	vs := []*variant{
 		{name: "plain", fn: func(context.Context, pgx.Tx, int) error { return nil }},
-		{name: "enqueue-1", fn: func(ctx context.Context, tx pgx.Tx, i int) error { _, err := outbox.EnqueueTx(ctx, tx, events(i, 1)...); return err }},
-		{name: "enqueue-10", fn: func(ctx context.Context, tx pgx.Tx, i int) error { _, err := outbox.EnqueueTx(ctx, tx, events(i, 10)...); return err }},
-		{name: "wal-1", fn: func(ctx context.Context, tx pgx.Tx, i int) error { _, err := enq.EnqueueTx(ctx, tx, events(i, 1)...); return err }},
-		{name: "wal-10", fn: func(ctx context.Context, tx pgx.Tx, i int) error { _, err := enq.EnqueueTx(ctx, tx, events(i, 10)...); return err }},
+		{name: "enqueue-1", fn: func(ctx context.Context, tx pgx.Tx, i int) error {
+			_, err := outbox.EnqueueTx(ctx, tx, events(i, 1)...)
+			return err
+		}},
+		{name: "enqueue-10", fn: func(ctx context.Context, tx pgx.Tx, i int) error {
+			_, err := outbox.EnqueueTx(ctx, tx, events(i, 10)...)
+			return err
+		}},
+		{name: "wal-1", fn: func(ctx context.Context, tx pgx.Tx, i int) error {
+			_, err := enq.EnqueueTx(ctx, tx, events(i, 1)...)
+			return err
+		}},
+		{name: "wal-10", fn: func(ctx context.Context, tx pgx.Tx, i int) error {
+			_, err := enq.EnqueueTx(ctx, tx, events(i, 10)...)
+			return err
+		}},
 	}
 	for round := range 2 {
 		n := txs / 2
