@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -98,6 +99,13 @@ func (d *decoder) string(what string) string {
 	s := string(d.b[:n])
 	d.b = d.b[n:]
 	return s
+}
+
+// DecodeMessage parses the content of a logical decoding message that
+// EnqueueTx wrote (see the encoding above), for a tool that reads a slot
+// of its own (an audit, a replay): ErrBadMessage when it is not one.
+func DecodeMessage(content []byte) (outbox.Message, error) {
+	return decode(bytes.Clone(content))
 }
 
 // decode parses a message's content (see the encoding above).

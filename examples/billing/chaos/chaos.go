@@ -69,6 +69,11 @@ type run struct {
 	// billingDB is billing's database as the harness reaches it (never
 	// through a proxy); brokers likewise for Kafka.
 	billingDB string
+	// walSlot is billing's slot (and publication) with OutboxWAL, and
+	// walSlot+"_audit" the harness's; walMark is the WAL position billing's
+	// slot must have confirmed for the relay to owe nothing (see walBehind).
+	walSlot string
+	walMark string
 	brokers   []string
 	pgLog     *os.File
 	instances []*proc
@@ -173,6 +178,11 @@ func (r *run) execute(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if c.OutboxMode == OutboxWAL {
+		if err := r.setupWAL(ctx); err != nil {
+			return err
+		}
+	}
 	brokers := c.KafkaBrokers
 	if brokers == "" {
 		port, err := freePort()
@@ -251,6 +261,9 @@ func (r *run) execute(ctx context.Context) error {
 		}
 		if c.Unsafe != "" && c.Unsafe != UnsafeKey {
 			env = append(env, "BILLING_UNSAFE="+c.Unsafe)
+		}
+		if c.OutboxMode == OutboxWAL {
+			env = append(env, "OUTBOX_MODE=wal", "OUTBOX_SLOT="+r.walSlot)
 		}
 		env = append(env, c.Env...)
 		p, err := newProc(fmt.Sprintf("billing-%d", i+1), c.BillingBin, []string{"serve"}, env, addr, r.logDir,
@@ -621,7 +634,11 @@ func (r *run) setupDatabase(ctx context.Context) (string, error) {
 		}
 		r.pgLog = f
 		r.progress.logf("starting a throwaway PostgreSQL cluster for billing")
-		if r.pg, err = pgtemp.Start(ctx, &pgtemp.Config{Log: f}); err != nil {
+		var settings []string
+		if c.OutboxMode == OutboxWAL {
+			settings = []string{"wal_level=logical", "max_replication_slots=16", "max_wal_senders=16"}
+		}
+		if r.pg, err = pgtemp.Start(ctx, &pgtemp.Config{Log: f, Settings: settings}); err != nil {
 			return "", err
 		}
 		r.billingDB = r.pg.URL
@@ -775,6 +792,13 @@ func (r *run) busy(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if r.cfg.OutboxMode == OutboxWAL {
+		if behind, err := r.walBehind(ctx); err != nil {
+			return "", err
+		} else if behind != "" {
+			return behind, nil
+		}
+	}
 	if ob > 0 {
 		return fmt.Sprintf("%d outbox events unpublished", ob), nil
 	}
@@ -919,7 +943,12 @@ func (r *run) audit(ctx context.Context, statuses map[string]string) error {
 	if err != nil {
 		return err
 	}
-	rows, err := loadOutbox(ctx, r.billingDB)
+	var rows []outboxRow
+	if r.cfg.OutboxMode == OutboxWAL {
+		rows, err = r.loadWALOutbox(ctx)
+	} else {
+		rows, err = loadOutbox(ctx, r.billingDB)
+	}
 	if err != nil {
 		return err
 	}
@@ -1017,6 +1046,9 @@ func (r *run) stopAll() {
 		if p != nil {
 			_ = p.Close()
 		}
+	}
+	if r.walSlot != "" {
+		r.dropWAL()
 	}
 	if r.pg != nil {
 		_ = r.pg.Close()
