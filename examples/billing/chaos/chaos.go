@@ -72,8 +72,8 @@ type run struct {
 	// walSlot is billing's slot (and publication) with OutboxWAL, and
 	// walSlot+"_audit" the harness's; walMark is the WAL position billing's
 	// slot must have confirmed for the relay to owe nothing (see walBehind).
-	walSlot string
-	walMark string
+	walSlot   string
+	walMark   string
 	brokers   []string
 	pgLog     *os.File
 	instances []*proc
