@@ -315,3 +315,69 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// blockingPub holds every call until release is closed.
+type blockingPub struct {
+	next    outbox.Publisher
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (p *blockingPub) Publish(ctx context.Context, events []outbox.Event) error {
+	p.once.Do(func() { close(p.entered) })
+	select {
+	case <-p.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return p.next.Publish(ctx, events)
+}
+
+// TestKeepalivesAnsweredDuringAPublish: the server drops a replication
+// connection that stays silent for wal_sender_timeout (here 1s). A
+// publish that takes many times that does not cost the relay its
+// stream: the reader goes on reporting while the publisher waits.
+func TestKeepalivesAnsweredDuringAPublish(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	hl := newHookLog()
+	bp := &blockingPub{next: b.kpub, entered: make(chan struct{}), release: make(chan struct{})}
+	dsn := b.db.URL + "&wal_sender_timeout=1s"
+	r, err := wal.NewRelay(dsn, bp, b.config(&wal.Config{Hook: hl.hook, StatusInterval: 200 * time.Millisecond,
+		LagInterval: 100 * time.Millisecond, BatchTimeout: time.Minute}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := r.HardStop(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	b.enqueue(t, msg("a", "slow"))
+	<-bp.entered
+	// Hold the publish for 40 lag measures (4s, four timeouts' worth).
+	for range 40 {
+		hl.waitFor(t, "a lag measure", func(e outbox.RelayEvent) bool { return e.Kind == outbox.RelaySlotLag })
+	}
+	close(bp.release)
+	b.kc.ReadAll(t, b.topic, 1, 60*time.Second)
+	hl.mu.Lock()
+	defer hl.mu.Unlock()
+	acquired := 0
+	for _, e := range hl.events {
+		switch e.Kind {
+		case outbox.RelayStreamFailed:
+			t.Fatalf("the stream failed during the publish: %v", e.Err)
+		case outbox.RelaySlotAcquired:
+			acquired++
+		}
+	}
+	if acquired != 1 {
+		t.Fatalf("slot acquired %d times, want once", acquired)
+	}
+}
