@@ -85,9 +85,11 @@ type run struct {
 	violations []Violation
 
 	kills, terms, unclean, restarts, brokerRestarts atomic.Int64
-	pgRestarts, netCuts, netCutConns, startRetries  atomic.Int64
-	selfExits, selfRestarts                         atomic.Int64
-	progress                                        *progress
+	// relayKills: kills aimed at the WAL outbox relay's reader.
+	relayKills                                     atomic.Int64
+	pgRestarts, netCuts, netCutConns, startRetries atomic.Int64
+	selfExits, selfRestarts                        atomic.Int64
+	progress                                       *progress
 
 	// fp arms the failpoints of one instance (Config.Failpoints); nil
 	// without.
@@ -438,6 +440,12 @@ func (r *run) lane(ctx context.Context, evs []event, rng *mrand.Rand, loadDone <
 func (r *run) instanceEvent(ctx context.Context, ev event, rng *mrand.Rand) error {
 	c := &r.cfg
 	first := rng.IntN(len(r.instances))
+	// With the WAL outbox a kill goes to the instance whose relay reads
+	// the slot, when one does: the standby's takeover is what it tests.
+	holderPID := 0
+	if c.OutboxMode == OutboxWAL && ev.kind == "kill" {
+		holderPID = r.walHolderPID(ctx)
+	}
 	r.instMu.Lock()
 	defer r.instMu.Unlock()
 	// The victim is a live instance: one that exited on its own is the
@@ -454,6 +462,16 @@ func (r *run) instanceEvent(ctx context.Context, ev event, rng *mrand.Rand) erro
 	if p == nil {
 		r.progress.logf("chaos: no instance is up for a %s; skipped", ev.kind)
 		return nil
+	}
+	if holderPID != 0 {
+		for _, q := range r.instances {
+			if q.isUp() && q.pid() == holderPID {
+				p = q
+				r.relayKills.Add(1)
+				r.progress.logf("%s reads billing's WAL outbox slot", p.name)
+				break
+			}
+		}
 	}
 	r.scr.scrape(ctx, p, "/metrics")
 	r.scr.freeze(p)
@@ -896,6 +914,7 @@ func (r *run) fillReport() {
 	rep.TransportErrors = d.transportErr.Load()
 	rep.Status5xx = d.status5xx.Load()
 	rep.Kills = int(r.kills.Load())
+	rep.RelayKills = int(r.relayKills.Load())
 	rep.Terms = int(r.terms.Load())
 	rep.UncleanTerms = int(r.unclean.Load())
 	rep.Restarts = int(r.restarts.Load())

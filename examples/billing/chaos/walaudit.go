@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -123,6 +125,31 @@ func (r *run) walBehind(ctx context.Context) (string, error) {
 		return fmt.Sprintf("billing's WAL outbox slot is %d bytes short of the run's end", *behind), nil
 	}
 	return "", nil
+}
+
+// walHolderPID is the process id of the billing instance whose relay
+// reads billing's slot, 0 when none does (or it cannot be told): the
+// relay's application_name ends with its owner, hostname-pid-random.
+func (r *run) walHolderPID(ctx context.Context) int {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, r.billingDB)
+	if err != nil {
+		return 0
+	}
+	defer conn.Close(context.Background())
+	var name string
+	err = conn.QueryRow(ctx, `SELECT a.application_name FROM pg_replication_slots s
+		JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = $1`, r.walSlot).Scan(&name)
+	if err != nil {
+		return 0
+	}
+	f := strings.Split(name, "-")
+	if len(f) < 3 {
+		return 0
+	}
+	pid, _ := strconv.Atoi(f[len(f)-2])
+	return pid
 }
 
 // dropWAL drops billing's slot and publication and the audit slot, once
