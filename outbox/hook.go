@@ -47,6 +47,25 @@ const (
 	// RelayListenFailed: the LISTEN connection failed with Err; the relay
 	// reconnects with backoff and polls meanwhile.
 	RelayListenFailed RelayEventKind = "listen_failed"
+
+	// The kinds below are emitted only by the WAL relay (package
+	// outbox/wal, Mode WAL), whose batches report the kinds above too.
+
+	// RelaySlotAcquired: the relay became the slot's reader (Slot) and
+	// streams from it.
+	RelaySlotAcquired RelayEventKind = "slot_acquired"
+	// RelaySlotBusy: another relay reads the slot; this one is a standby
+	// and retries. Emitted once per failed acquisition streak.
+	RelaySlotBusy RelayEventKind = "slot_busy"
+	// RelaySlotLag: a periodic measure of the slot: LagBytes (WAL the slot
+	// retains past its confirmed position) and LagAge (the age of the
+	// oldest committed event not yet confirmed, 0 when none, or when this
+	// relay is not the slot's reader). Err is set when the measure failed.
+	RelaySlotLag RelayEventKind = "slot_lag"
+	// RelayStreamFailed: the replication connection failed or ended with
+	// Err; the relay reconnects with backoff, resuming from the slot's
+	// confirmed position.
+	RelayStreamFailed RelayEventKind = "stream_failed"
 )
 
 // RelayEvent is what a Relay reports to RelayConfig.Hook. It carries what
@@ -71,6 +90,11 @@ type RelayEvent struct {
 	Events []EventInfo
 	// Err is the error, when the kind has one.
 	Err error
+	// Slot, LagBytes and LagAge are the WAL relay's (RelaySlotAcquired,
+	// RelaySlotBusy, RelaySlotLag); empty and zero for the table relay.
+	Slot     string
+	LagBytes int64
+	LagAge   time.Duration
 }
 
 // EventInfo identifies one event in a RelayEvent.

@@ -27,6 +27,10 @@ const (
 	// LeaseTTL. Still at-least-once on the wire (the crash may follow the
 	// produce), but no transaction spans the publish.
 	TwoPhase
+	// WAL is the mode of package outbox/wal's relay, which reads events
+	// from a logical replication slot instead of this table; it appears in
+	// that relay's RelayEvents. NewRelay refuses it.
+	WAL
 )
 
 func (m Mode) String() string {
@@ -35,6 +39,8 @@ func (m Mode) String() string {
 		return "at-least-once"
 	case TwoPhase:
 		return "two-phase"
+	case WAL:
+		return "wal"
 	}
 	return fmt.Sprintf("Mode(%d)", int(m))
 }

@@ -39,6 +39,13 @@ crashed, the network cut and produce requests partly failed:
                          fault proxies that reset every open connection N
                          times, every other one after a stall
 
+  --outbox-mode MODE     billing's OUTBOX_MODE: table (default) or wal (events
+                         in the WAL, relayed from a replication slot; needs
+                         wal_level=logical on billing's database, which the
+                         cluster of --pg-restarts has). The Kafka audit then
+                         checks the topics against the events decoded from
+                         an audit slot of the harness, in commit order
+
   --decline-rate P       paysim declines that share of charge keys for good
                          (402, recorded): the only FAILED the audit accepts
   --failpoints           one instance at a time runs with IDEM_FAILPOINTS
@@ -110,6 +117,7 @@ func addHarnessFlags(fs *flag.FlagSet, def chaos.Config) *harnessFlags {
 	fs.Float64Var(&h.cfg.ProduceFailRate, "produce-fail-rate", def.ProduceFailRate, "devkafka: share of produce partitions failed with a non-retriable error (needs the embedded broker)")
 	fs.IntVar(&h.cfg.PGRestarts, "pg-restarts", def.PGRestarts, "crash and restart billing's own PostgreSQL cluster this many times")
 	fs.IntVar(&h.cfg.NetCuts, "net-cuts", def.NetCuts, "reset every connection from billing to PostgreSQL and Kafka this many times (needs the embedded broker)")
+	fs.StringVar(&h.cfg.OutboxMode, "outbox-mode", chaos.OutboxTable, "billing's OUTBOX_MODE: table or wal")
 	fs.BoolVar(&h.cfg.Failpoints, "failpoints", def.Failpoints, "arm the crash windows of internal/failpoint (kill) in one instance until each is hit")
 	fs.IntVar(&h.cfg.FailpointHits, "failpoint-hits", or(def.FailpointHits, chaos.FailpointHitsDefault), "with --failpoints: hits per window before it is disarmed")
 	fs.Func("failpoint-windows", "with --failpoints: comma-separated windows to arm (default: every one)", func(v string) error {
@@ -186,6 +194,9 @@ func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error
 	}
 	if cfg.Orders+cfg.Payments == 0 {
 		return cli.Usagef("--orders and --payments are both 0: nothing to do")
+	}
+	if cfg.OutboxMode != chaos.OutboxTable && cfg.OutboxMode != chaos.OutboxWAL {
+		return cli.Usagef("--outbox-mode %q: want table or wal", cfg.OutboxMode)
 	}
 	if cfg.DropRate < 0 || cfg.DropRate >= 1 || cfg.FailRate < 0 || cfg.FailRate >= 1 || cfg.DeclineRate < 0 || cfg.DeclineRate >= 1 {
 		return cli.Usagef("--drop-rate, --fail-rate and --decline-rate must be in [0, 1)")

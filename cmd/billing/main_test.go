@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/internal/testbin"
+	"github.com/idemkit/idem/internal/testdb"
 )
 
 // billingBin is the billing binary, built once by TestMain for every test
@@ -26,6 +27,11 @@ import (
 var billingBin string
 
 func TestMain(m *testing.M) {
+	// OUTBOX_MODE=wal needs wal_level=logical.
+	stopLogical, err := testdb.LogicalMain()
+	if err != nil {
+		panic(err)
+	}
 	dir, err := os.MkdirTemp("", "billing-cli-")
 	if err != nil {
 		panic(err)
@@ -35,6 +41,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
+	stopLogical()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			println("goleak:", err.Error())

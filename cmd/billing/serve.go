@@ -75,6 +75,15 @@ Environment:
                             wait before the reaper returns them (default 60s;
                             must exceed twice the relay's batch timeout, which
                             is min(10s, about 15% of SHUTDOWN_TIMEOUT))
+  OUTBOX_MODE               table (the outbox table, relayed by SKIP LOCKED
+                            batches) or wal (events written to the WAL with
+                            pg_logical_emit_message, relayed from a logical
+                            replication slot; needs wal_level=logical)
+                            (default table)
+  OUTBOX_SLOT               the replication slot (and publication) of
+                            OUTBOX_MODE=wal, created if missing; one relay
+                            instance reads it, the others stand by
+                            (default billing_outbox)
   BILLING_UNSAFE            inbox, fingerprint, lease or publish: switch that protection
                             off so that billing chaos can prove its audit
                             catches the double charges (default: none; never
@@ -134,6 +143,14 @@ func serve(ctx context.Context, args []string) (err error) {
 	}
 	if heartbeat >= session {
 		return cli.Usagef("KAFKA_HEARTBEAT_INTERVAL %s must be below KAFKA_SESSION_TIMEOUT %s", heartbeat, session)
+	}
+	outboxMode := cli.Env("OUTBOX_MODE", app.OutboxTable)
+	if outboxMode != app.OutboxTable && outboxMode != app.OutboxWAL {
+		return cli.Usagef("OUTBOX_MODE %q: want table or wal", outboxMode)
+	}
+	outboxSlot := cli.Env("OUTBOX_SLOT", app.OutboxSlotDefault)
+	if outboxSlot == "" || len(outboxSlot) > 63 || strings.Trim(outboxSlot, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
+		return cli.Usagef("OUTBOX_SLOT %q: want 1 to 63 of a-z, 0-9 and _", outboxSlot)
 	}
 	unsafe, err := app.ParseUnsafe(os.Getenv("BILLING_UNSAFE"))
 	if err != nil {
@@ -198,6 +215,8 @@ func serve(ctx context.Context, args []string) (err error) {
 		HeartbeatInterval: heartbeat,
 		RebalanceTimeout:  rebalance,
 		OutboxLeaseTTL:    leaseTTL,
+		OutboxMode:        outboxMode,
+		OutboxSlot:        outboxSlot,
 		Unsafe:            unsafe,
 		Logger:            log,
 		OnListening: func(a net.Addr) {

@@ -14,6 +14,11 @@ import (
 var idemBin string
 
 func TestMain(m *testing.M) {
+	// The WAL outbox's status and bench need wal_level=logical.
+	stopLogical, err := testdb.LogicalMain()
+	if err != nil {
+		panic(err)
+	}
 	dir, err := os.MkdirTemp("", "idem-cli-")
 	if err != nil {
 		panic(err)
@@ -23,6 +28,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
+	stopLogical()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			println("goleak:", err.Error())

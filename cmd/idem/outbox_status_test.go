@@ -77,3 +77,63 @@ func TestOutboxStatus(t *testing.T) {
 		}
 	}
 }
+
+// With --slot the report adds each WAL outbox slot: a slot that no relay
+// reads lags by the WAL written since it was created, and past
+// --lag-warn-bytes it gets a warning line.
+func TestOutboxStatusSlot(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	slot := "t_status_" + strings.TrimPrefix(db.Schema, "t_")
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := db.Pool.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", slot); err != nil {
+			t.Errorf("drop slot: %v", err)
+		}
+	})
+	// WAL written after the slot's position: its lag.
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_logical_emit_message(true, 'idem.test', repeat('x', 10000))"); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"DATABASE_URL=" + db.URL}
+	stdout, stderr, code := runIdem(t, env, "outbox", "status", "--json", "--slot", slot, "--lag-warn-bytes", "1000")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var st struct {
+		Pending int
+		Slots   []struct {
+			Slot      string
+			Active    bool
+			LagBytes  int64  `json:"lag_bytes"`
+			Retained  int64  `json:"retained_bytes"`
+			WALStatus string `json:"wal_status"`
+			Warning   string
+		}
+	}
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil {
+		t.Fatalf("%v: %s", err, stdout)
+	}
+	if len(st.Slots) != 1 || st.Slots[0].Slot != slot || st.Slots[0].Active || st.Slots[0].LagBytes < 10000 ||
+		st.Slots[0].Retained < st.Slots[0].LagBytes || st.Slots[0].WALStatus == "" || !strings.Contains(st.Slots[0].Warning, "lags") {
+		t.Fatalf("slots %+v", st.Slots)
+	}
+	if !strings.Contains(stderr, "warning: slot "+slot) || strings.Count(stderr, "\n") != 1 {
+		t.Fatalf("stderr %q, want one warning line", stderr)
+	}
+	stdout, stderr, code = runIdem(t, env, "outbox", "status", "--slot", slot)
+	if code != 0 || stderr != "" || !strings.Contains(stdout, "slot "+slot) || !strings.Contains(stdout, "active false") {
+		t.Fatalf("text report below the default threshold (exit %d, stderr %q):\n%s", code, stderr, stdout)
+	}
+	if _, stderr, code := runIdem(t, env, "outbox", "status", "--slot", "no_such_slot_"+strings.TrimPrefix(db.Schema, "t_")); code != 1 || !strings.Contains(stderr, "slot not found") {
+		t.Fatalf("unknown slot: exit %d, stderr %q", code, stderr)
+	}
+	for _, args := range [][]string{{"outbox", "status", "--slot", "Bad-Name"}, {"outbox", "status", "--slot", "a,"}, {"outbox", "status", "--lag-warn-bytes", "-1"}} {
+		if _, stderr, code := runIdem(t, env, args...); code != 2 || strings.Count(stderr, "\n") != 1 {
+			t.Errorf("%v: exit %d, stderr %q", args, code, stderr)
+		}
+	}
+}

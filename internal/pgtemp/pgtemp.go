@@ -56,6 +56,9 @@ type Config struct {
 	// StartTimeout bounds initdb plus server start. Defaults to
 	// StartTimeoutDefault (60s).
 	StartTimeout time.Duration
+	// Settings are extra server settings, "name=value" each, passed to
+	// postgres as -c options (wal_level=logical, say). Defaults to none.
+	Settings []string
 }
 
 // Cluster is a running throwaway server.
@@ -268,11 +271,14 @@ func initCluster(ctx context.Context, c *Config, cred *syscall.Credential, dir, 
 // crash recovery replays it from there.
 func (cl *Cluster) startServer(ctx context.Context) error {
 	c, cred, dir, data, port := &cl.cfg, cl.cred, cl.Dir, cl.data, cl.Port
-	cmd := exec.Command(filepath.Join(c.BinDir, "postgres"),
-		"-D", data, "-p", strconv.Itoa(port), "-k", dir,
+	args := []string{"-D", data, "-p", strconv.Itoa(port), "-k", dir,
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_permissions=0700",
 		"-c", "fsync=off", "-c", "full_page_writes=off",
-		"-c", "max_connections=200")
+		"-c", "max_connections=200"}
+	for _, kv := range c.Settings {
+		args = append(args, "-c", kv)
+	}
+	cmd := exec.Command(filepath.Join(c.BinDir, "postgres"), args...)
 	// Pdeathsig: if our process dies without Close, the postmaster goes too
 	// (its backends follow it), rather than running on an orphaned port.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}

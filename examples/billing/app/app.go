@@ -28,6 +28,7 @@ import (
 	"github.com/idemkit/idem/lifecycle"
 	idemotel "github.com/idemkit/idem/otel"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/outbox/wal"
 )
 
 // Roles select the parts one process runs; several processes (or several
@@ -133,7 +134,26 @@ const (
 	// OutboxLeaseTTLDefault is how long the outbox rows of a relay that
 	// died mid-batch stay PUBLISHING before the reaper returns them.
 	OutboxLeaseTTLDefault = outbox.LeaseTTLDefault
+	// OutboxSlotDefault is Config.OutboxSlot's default.
+	OutboxSlotDefault = "billing_outbox"
 )
+
+// The values of Config.OutboxMode (OUTBOX_MODE).
+const (
+	OutboxTable = "table"
+	OutboxWAL   = "wal"
+)
+
+// OutboxWALPrefix is the message prefix billing's events carry in the WAL
+// on slot.
+func OutboxWALPrefix(slot string) string { return "billing.outbox." + slot }
+
+func walPrefixOf(mode, slot string) string {
+	if mode == OutboxWAL {
+		return OutboxWALPrefix(slot)
+	}
+	return ""
+}
 
 // Config configures Run.
 type Config struct {
@@ -202,6 +222,15 @@ type Config struct {
 	// 10s, less with a short ShutdownTimeout). Defaults to
 	// OutboxLeaseTTLDefault (60s).
 	OutboxLeaseTTL time.Duration
+	// OutboxMode is OutboxTable (the outbox table and its two-phase
+	// relay) or OutboxWAL (package outbox/wal: events in the WAL, relayed
+	// from the logical replication slot OutboxSlot; needs
+	// wal_level=logical). Defaults to OutboxTable.
+	OutboxMode string
+	// OutboxSlot names the slot (and publication) of OutboxWAL, and the
+	// message prefix is derived from it, so that two deployments sharing
+	// a database stay apart. Defaults to OutboxSlotDefault.
+	OutboxSlot string
 	// Unsafe switches one protection off: UnsafeInbox, UnsafeFingerprint,
 	// UnsafeLease or UnsafePublish; for the chaos harness only. Defaults to "" (every
 	// protection on).
@@ -286,6 +315,19 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if _, err := ParseUnsafe(cfg.Unsafe); err != nil {
 		return err
 	}
+	outboxSlot := cfg.OutboxSlot
+	if outboxSlot == "" {
+		outboxSlot = OutboxSlotDefault
+	}
+	switch cfg.OutboxMode {
+	case "", OutboxTable:
+	case OutboxWAL:
+		// Every context the handlers run under (HTTP requests through the
+		// handler, the consumers' runs through their Start) carries it.
+		ctx = postgres.ContextWithWALOutbox(ctx, OutboxWALPrefix(outboxSlot))
+	default:
+		return fmt.Errorf("billing: OutboxMode %q: want table or wal", cfg.OutboxMode)
+	}
 	switch {
 	case cfg.Pool == nil:
 		return errors.New("billing: Config.Pool is nil")
@@ -337,6 +379,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	if err := postgres.Migrate(ctx, pool); err != nil {
 		return stoppedBeforeReady("migrating", err)
+	}
+	if cfg.OutboxMode == OutboxWAL {
+		// The slot must exist before the first event is written, whatever
+		// the roles of this instance: a message written before it is never
+		// decoded.
+		if err := wal.CreateSlot(ctx, pool.Config().ConnString(), &wal.Config{Slot: outboxSlot, Publication: outboxSlot}); err != nil {
+			return fmt.Errorf("billing: OUTBOX_MODE=wal: %w", err)
+		}
 	}
 	if err := ensureTopics(ctx, cfg.Brokers, partitions); err != nil {
 		return stoppedBeforeReady("creating topics", err)
@@ -399,6 +449,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		h, mw, err := httpapi.NewHandler(httpapi.Config{
 			DB: pool, Tokens: cfg.Tokens, Ready: g.ReadyHandler(), Metrics: metrics, MetricsHandler: apiMetrics, Logger: log, Hook: tele.request(),
 			UnsafeNoFingerprint: cfg.Unsafe == UnsafeFingerprint, UnsafeNoLease: cfg.Unsafe == UnsafeLease,
+			WALOutboxPrefix: walPrefixOf(cfg.OutboxMode, outboxSlot),
 		})
 		if err != nil {
 			return err
@@ -457,7 +508,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		// The batch in hand must finish inside the relay's stage: its
 		// timeout is below the stage's budget.
 		batchTimeout := min(outbox.BatchTimeoutDefault, share(20)*3/4)
-		loops, err := scheduler.New(pool, pub, batchTimeout, cfg.OutboxLeaseTTL, log, tele.loops())
+		var loops []lifecycle.Component
+		if cfg.OutboxMode == OutboxWAL {
+			loops, err = scheduler.WAL(pool, pool.Config().ConnString(), pub, batchTimeout, outboxSlot, OutboxWALPrefix(outboxSlot), log, tele.loops())
+		} else {
+			loops, err = scheduler.New(pool, pub, batchTimeout, cfg.OutboxLeaseTTL, log, tele.loops())
+		}
 		if err != nil {
 			return err
 		}

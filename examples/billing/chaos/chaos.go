@@ -78,6 +78,11 @@ type run struct {
 	// billingDB is billing's database as the harness reaches it (never
 	// through a proxy); brokers likewise for Kafka.
 	billingDB string
+	// walSlot is billing's slot (and publication) with OutboxWAL, and
+	// walSlot+"_audit" the harness's; walMark is the WAL position billing's
+	// slot must have confirmed for the relay to owe nothing (see walBehind).
+	walSlot   string
+	walMark   string
 	brokers   []string
 	pgLog     *os.File
 	instances []*proc
@@ -89,9 +94,11 @@ type run struct {
 	violations []Violation
 
 	kills, terms, unclean, restarts, brokerRestarts atomic.Int64
-	pgRestarts, netCuts, netCutConns, startRetries  atomic.Int64
-	selfExits, selfRestarts                         atomic.Int64
-	progress                                        *progress
+	// relayKills: kills aimed at the WAL outbox relay's reader.
+	relayKills                                     atomic.Int64
+	pgRestarts, netCuts, netCutConns, startRetries atomic.Int64
+	selfExits, selfRestarts                        atomic.Int64
+	progress                                       *progress
 
 	// fp arms the failpoints of one instance (Config.Failpoints); nil
 	// without.
@@ -182,6 +189,11 @@ func (r *run) execute(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if c.OutboxMode == OutboxWAL {
+		if err := r.setupWAL(ctx); err != nil {
+			return err
+		}
+	}
 	brokers := c.KafkaBrokers
 	if brokers == "" {
 		port, err := freePort()
@@ -260,6 +272,9 @@ func (r *run) execute(ctx context.Context) error {
 		}
 		if c.Unsafe != "" && c.Unsafe != UnsafeKey {
 			env = append(env, "BILLING_UNSAFE="+c.Unsafe)
+		}
+		if c.OutboxMode == OutboxWAL {
+			env = append(env, "OUTBOX_MODE=wal", "OUTBOX_SLOT="+r.walSlot)
 		}
 		env = append(env, c.Env...)
 		p, err := newProc(fmt.Sprintf("billing-%d", i+1), c.BillingBin, []string{"serve"}, env, addr, r.logDir,
@@ -434,6 +449,12 @@ func (r *run) lane(ctx context.Context, evs []event, rng *mrand.Rand, loadDone <
 func (r *run) instanceEvent(ctx context.Context, ev event, rng *mrand.Rand) error {
 	c := &r.cfg
 	first := rng.IntN(len(r.instances))
+	// With the WAL outbox a kill goes to the instance whose relay reads
+	// the slot, when one does: the standby's takeover is what it tests.
+	holderPID := 0
+	if c.OutboxMode == OutboxWAL && ev.kind == "kill" {
+		holderPID = r.walHolderPID(ctx)
+	}
 	r.instMu.Lock()
 	defer r.instMu.Unlock()
 	// The victim is a live instance: one that exited on its own is the
@@ -450,6 +471,16 @@ func (r *run) instanceEvent(ctx context.Context, ev event, rng *mrand.Rand) erro
 	if p == nil {
 		r.progress.logf("chaos: no instance is up for a %s; skipped", ev.kind)
 		return nil
+	}
+	if holderPID != 0 {
+		for _, q := range r.instances {
+			if q.isUp() && q.pid() == holderPID {
+				p = q
+				r.relayKills.Add(1)
+				r.progress.logf("%s reads billing's WAL outbox slot", p.name)
+				break
+			}
+		}
 	}
 	r.scr.scrape(ctx, p, "/metrics")
 	r.scr.freeze(p)
@@ -630,7 +661,11 @@ func (r *run) setupDatabase(ctx context.Context) (string, error) {
 		}
 		r.pgLog = f
 		r.progress.logf("starting a throwaway PostgreSQL cluster for billing")
-		if r.pg, err = pgtemp.Start(ctx, &pgtemp.Config{Log: f}); err != nil {
+		var settings []string
+		if c.OutboxMode == OutboxWAL {
+			settings = []string{"wal_level=logical", "max_replication_slots=16", "max_wal_senders=16"}
+		}
+		if r.pg, err = pgtemp.Start(ctx, &pgtemp.Config{Log: f, Settings: settings}); err != nil {
 			return "", err
 		}
 		r.billingDB = r.pg.URL
@@ -784,6 +819,13 @@ func (r *run) busy(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if r.cfg.OutboxMode == OutboxWAL {
+		if behind, err := r.walBehind(ctx); err != nil {
+			return "", err
+		} else if behind != "" {
+			return behind, nil
+		}
+	}
 	if ob > 0 {
 		return fmt.Sprintf("%d outbox events unpublished", ob), nil
 	}
@@ -881,6 +923,7 @@ func (r *run) fillReport() {
 	rep.TransportErrors = d.transportErr.Load()
 	rep.Status5xx = d.status5xx.Load()
 	rep.Kills = int(r.kills.Load())
+	rep.RelayKills = int(r.relayKills.Load())
 	rep.Terms = int(r.terms.Load())
 	rep.UncleanTerms = int(r.unclean.Load())
 	rep.Restarts = int(r.restarts.Load())
@@ -921,7 +964,12 @@ func (r *run) audit(ctx context.Context, statuses map[string]string) error {
 	if err != nil {
 		return err
 	}
-	rows, err := loadOutbox(ctx, r.billingDB)
+	var rows []outboxRow
+	if r.cfg.OutboxMode == OutboxWAL {
+		rows, err = r.loadWALOutbox(ctx)
+	} else {
+		rows, err = loadOutbox(ctx, r.billingDB)
+	}
 	if err != nil {
 		return err
 	}
@@ -1019,6 +1067,9 @@ func (r *run) stopAll() {
 		if p != nil {
 			_ = p.Close()
 		}
+	}
+	if r.walSlot != "" {
+		r.dropWAL()
 	}
 	if r.pg != nil {
 		_ = r.pg.Close()

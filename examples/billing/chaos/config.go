@@ -39,6 +39,12 @@ const (
 )
 
 // unsafeLayers lists the Unsafe values, for messages.
+// The values of Config.OutboxMode.
+const (
+	OutboxTable = "table"
+	OutboxWAL   = "wal"
+)
+
 const unsafeLayers = "key, inbox, fingerprint, lease or publish"
 
 // Defaults of Config.
@@ -121,6 +127,15 @@ type Config struct {
 	// (402 CARD_DECLINED, recorded in its ledger); the only FAILED the
 	// audit accepts is one that matches such a decline. Defaults to 0.
 	DeclineRate float64
+	// OutboxMode is billing's OUTBOX_MODE: "table" (the outbox table) or
+	// "wal" (package outbox/wal: events in the WAL, relayed from a
+	// replication slot; billing's database needs wal_level=logical). In
+	// wal mode the harness creates an audit slot of its own before
+	// billing starts, and audits the topics against the events it
+	// decodes from it, in commit order, instead of the outbox table; the
+	// slots and the publication are dropped at the end. Defaults to
+	// "table".
+	OutboxMode string
 	// Failpoints arms the crash windows of internal/failpoint (kill
 	// actions) in one billing instance at a time, until each window has
 	// been hit FailpointHits times; see failpoints.go. Defaults to false.
@@ -207,6 +222,9 @@ func (c *Config) withDefaults() Config {
 	def(&out.Instances, InstancesDefault)
 	def(&out.Concurrency, ConcurrencyDefault)
 	def(&out.FailpointHits, FailpointHitsDefault)
+	if out.OutboxMode == "" {
+		out.OutboxMode = OutboxTable
+	}
 	if out.DuplicateRate == 0 {
 		out.DuplicateRate = DuplicateRateDefault
 	}
@@ -255,6 +273,10 @@ func (c *Config) validate() error {
 		return bad("Orders and Payments are both 0")
 	case c.Instances < 1, c.Instances > 32:
 		return bad("Instances %d out of range 1..32", c.Instances)
+	case c.OutboxMode != OutboxTable && c.OutboxMode != OutboxWAL:
+		return bad("OutboxMode %q: want %s or %s", c.OutboxMode, OutboxTable, OutboxWAL)
+	case c.OutboxMode == OutboxWAL && c.Failpoints:
+		return bad("Failpoints need OutboxMode %s: the WAL relay marks no crash window yet", OutboxTable)
 	case c.Kills < 0, c.Terms < 0, c.BrokerRestarts < 0, c.PGRestarts < 0, c.NetCuts < 0:
 		return bad("Kills, Terms, BrokerRestarts, PGRestarts and NetCuts must not be negative")
 	case (c.Kills > 0 || c.Terms > 0) && c.Instances < 2:

@@ -64,7 +64,11 @@
 //     partition, by producer timestamp across topics (equal milliseconds
 //     cannot be told apart and pass). The topics are read from the start
 //     with a plain client; the outbox table is complete because billing
-//     keeps published rows for days.
+//     keeps published rows for days. With OutboxMode wal the events come
+//     instead from an audit slot the harness creates before billing
+//     starts, in commit order (their Seq is their position among their
+//     aggregate's events), and every kill aims at the instance whose
+//     relay reads billing's slot.
 //
 // Config.Unsafe switches one protection off (a fresh key per retry in the
 // driver; inbox, fingerprint, lease or publish through BILLING_UNSAFE) and

@@ -48,6 +48,16 @@ type proc struct {
 	stopping bool
 }
 
+// pid is the running process's id, 0 when none.
+func (p *proc) pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 func newProc(name, bin string, args, env []string, addr string, logDir string, ready func(context.Context) bool) (*proc, error) {
 	f, err := os.OpenFile(logDir+"/"+name+".log", os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {

@@ -72,7 +72,10 @@ type Report struct {
 	Status5xx       int64 `json:"status_5xx"`
 
 	Kills int `json:"kills"`
-	Terms int `json:"terms"`
+	// RelayKills: the kills aimed at the instance whose relay read the
+	// WAL outbox slot (OutboxWAL), counted in Kills too.
+	RelayKills int `json:"relay_kills,omitempty"`
+	Terms      int `json:"terms"`
 	// UncleanTerms: SIGTERMs that did not end in exit status 0 within
 	// SHUTDOWN_TIMEOUT plus 5s (the instance was then killed).
 	UncleanTerms   int `json:"unclean_terms"`
@@ -162,6 +165,9 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  failures    %d transport errors, %d 5xx seen by the client\n", r.TransportErrors, r.Status5xx)
 	fmt.Fprintf(w, "  chaos       %d SIGKILL, %d SIGTERM (%d unclean), %d restarts (%d start retries), %d broker restarts\n",
 		r.Kills, r.Terms, r.UncleanTerms, r.Restarts, r.StartRetries, r.BrokerRestarts)
+	if r.RelayKills > 0 {
+		fmt.Fprintf(w, "              %d of the SIGKILLs aimed at the WAL outbox slot's reader\n", r.RelayKills)
+	}
 	fmt.Fprintf(w, "              %d PostgreSQL crashes (immediate), %d network cuts (%d connections reset), %d exits on their own (%d restarted)\n",
 		r.PGRestarts, r.NetCuts, r.NetCutConns, r.SelfExits, r.SelfRestarts)
 	if f := r.Failpoints; f != nil {

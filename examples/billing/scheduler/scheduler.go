@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/lifecycle"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/outbox/wal"
 )
 
 // Hooks are the loops' hooks; a nil one is none.
@@ -36,6 +37,24 @@ type Hooks struct {
 // purger.
 func New(db *pgxpool.Pool, pub outbox.Publisher, batchTimeout, leaseTTL time.Duration, log *slog.Logger, h Hooks) ([]lifecycle.Component, error) {
 	relay, err := outbox.NewRelay(db, pub, &outbox.RelayConfig{Mode: outbox.TwoPhase, BatchTimeout: batchTimeout, LeaseTTL: leaseTTL, Logger: log, Hook: h.Relay})
+	if err != nil {
+		return nil, err
+	}
+	purger, err := inbox.NewPurger(db, &inbox.PurgerConfig{Logger: log, Hook: h.InboxPurge})
+	if err != nil {
+		return nil, err
+	}
+	return []lifecycle.Component{relay, purger}, nil
+}
+
+// WAL is the relay of OUTBOX_MODE=wal in place of New's table relay: a
+// WAL outbox relay (package outbox/wal) on slot, reading the events of
+// prefix, through a replication connection to the database of
+// connString; every instance runs one, one reads the slot, the others
+// wait as standbys. It comes with the inbox purger, like New. The table
+// relay's reaper and purge have nothing to do in this mode.
+func WAL(db *pgxpool.Pool, connString string, pub outbox.Publisher, batchTimeout time.Duration, slot, prefix string, log *slog.Logger, h Hooks) ([]lifecycle.Component, error) {
+	relay, err := wal.NewRelay(connString, pub, &wal.Config{Slot: slot, Publication: slot, Prefix: prefix, BatchTimeout: batchTimeout, Logger: log, Hook: h.Relay})
 	if err != nil {
 		return nil, err
 	}

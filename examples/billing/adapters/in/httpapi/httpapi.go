@@ -183,6 +183,10 @@ type Config struct {
 	// request is still running executes again. See noLeaseConfig. For
 	// proving the audit can fail; never in production. Defaults to false.
 	UnsafeNoLease bool
+	// WALOutboxPrefix, when set, makes the handlers emit their events into
+	// the WAL with that prefix (postgres.ContextWithWALOutbox: billing's
+	// OUTBOX_MODE=wal) instead of the outbox table. Defaults to "".
+	WALOutboxPrefix string
 }
 
 // unsafeNoSuchMember is the only body member the fingerprint covers under
@@ -282,7 +286,13 @@ func NewHandler(cfg Config) (http.Handler, *idempotency.Middleware, error) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		problem.Write(w, http.StatusNotFound, CodeNotFound, "no such route")
 	})
-	return cfg.Metrics.countRequests(closeOnUnreadBody(mux)), mw, nil
+	var h http.Handler = mux
+	if prefix := cfg.WALOutboxPrefix; prefix != "" {
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mux.ServeHTTP(w, r.WithContext(postgres.ContextWithWALOutbox(r.Context(), prefix)))
+		})
+	}
+	return cfg.Metrics.countRequests(closeOnUnreadBody(h)), mw, nil
 }
 
 // AdminHandler is the admin listener's handler (ADMIN_ADDR): metrics (the

@@ -18,7 +18,23 @@ import (
 	"github.com/idemkit/idem/examples/billing/usecase"
 	"github.com/idemkit/idem/migrate"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/outbox/wal"
 )
+
+type walPrefixKey struct{}
+
+// ContextWithWALOutbox returns ctx under which Emit writes events into the
+// WAL with prefix (package outbox/wal: no outbox row; a WAL relay of that
+// prefix publishes them) instead of the outbox table. billing's
+// OUTBOX_MODE=wal sets it on every context its handlers run under.
+func ContextWithWALOutbox(ctx context.Context, prefix string) context.Context {
+	return context.WithValue(ctx, walPrefixKey{}, prefix)
+}
+
+func walPrefix(ctx context.Context) (string, bool) {
+	p, ok := ctx.Value(walPrefixKey{}).(string)
+	return p, ok
+}
 
 //go:embed migrations/*.sql
 var migrations embed.FS
@@ -162,7 +178,8 @@ func (r *Repo) SettlePayment(ctx context.Context, id string, o usecase.ChargeOut
 	return n == 1, nil
 }
 
-// Emit implements usecase.Repository through outbox.EnqueueTx.
+// Emit implements usecase.Repository through outbox.EnqueueTx, or
+// wal.Enqueuer's under ContextWithWALOutbox.
 func (r *Repo) Emit(ctx context.Context, e usecase.Event) (string, error) {
 	payload, err := json.Marshal(e.Payload)
 	if err != nil {
@@ -173,9 +190,16 @@ func (r *Repo) Emit(ctx context.Context, e usecase.Event) (string, error) {
 		EventID: e.EventID, EventType: e.Type, Payload: payload,
 	}
 	var ids []string
-	if tx, ok := r.db.(pgx.Tx); ok {
+	tx, inTx := r.db.(pgx.Tx)
+	prefix, toWAL := walPrefix(ctx)
+	switch {
+	case toWAL && inTx:
+		ids, err = wal.Enqueuer{Prefix: prefix}.EnqueueTx(ctx, tx, m) // commits with the use case's writes
+	case toWAL:
+		ids, err = wal.Enqueuer{Prefix: prefix}.Enqueue(ctx, r.db, m)
+	case inTx:
 		ids, err = outbox.EnqueueTx(ctx, tx, m) // commits with the use case's writes
-	} else {
+	default:
 		ids, err = outbox.Enqueue(ctx, r.db, m)
 	}
 	if err != nil {

@@ -1,0 +1,198 @@
+package wal
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"time"
+
+	"github.com/idemkit/idem/outbox"
+)
+
+// Errors of this package. Use errors.Is.
+var (
+	// ErrInvalidConfig is returned by NewRelay (and an Enqueuer) for a bad
+	// Config field, connection string or nil dependency; the text names
+	// the field. It unwraps to outbox.ErrInvalidConfig.
+	ErrInvalidConfig = fmt.Errorf("outbox/wal: invalid config: %w", outbox.ErrInvalidConfig)
+	// ErrNotLogical is returned by Start when the server's wal_level is
+	// not logical: no slot can decode its WAL. Set wal_level = logical
+	// (a restart) or the managed service's equivalent; see the package doc.
+	ErrNotLogical = errors.New("outbox/wal: wal_level is not logical")
+	// ErrSlotNotFound is returned by GetSlotStatus for a slot that does
+	// not exist.
+	ErrSlotNotFound = errors.New("outbox/wal: replication slot not found")
+)
+
+// Defaults of Config.
+const (
+	SlotDefault            = "idem_outbox"
+	PublicationDefault     = "idem_outbox"
+	PrefixDefault          = "idem.outbox"
+	BatchSizeDefault       = 500
+	BatchTimeoutDefault    = 10 * time.Second
+	StatusIntervalDefault  = time.Second
+	AcquireIntervalDefault = time.Second
+	BackoffMinDefault      = 100 * time.Millisecond
+	BackoffMaxDefault      = 30 * time.Second
+	LagIntervalDefault     = 10 * time.Second
+	LagWarnBytesDefault    = 1 << 30
+	LagWarnAgeDefault      = 5 * time.Minute
+)
+
+// Limits checked by NewRelay.
+const (
+	BatchSizeMax = 100_000
+	OwnerMaxLen  = outbox.OwnerMaxLen
+	PrefixMaxLen = 64
+)
+
+// identifier is what a slot or publication name may be: PostgreSQL's own
+// rule for slot names (lower-case letters, digits, underscore), which
+// also needs no quoting as a publication name.
+var identifier = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// Config configures a Relay. A nil *Config means all defaults. NewRelay
+// fills in the defaults first and then checks the result.
+type Config struct {
+	// Slot is the logical replication slot (pgoutput) the relay reads,
+	// created by Start if missing. One slot is one relay group: one
+	// relay reads it at a time, others wait as standbys. 1 to 63 of
+	// a-z, 0-9 and _. Defaults to SlotDefault ("idem_outbox").
+	Slot string
+	// Publication is the publication named to pgoutput, created by Start
+	// if missing, for no table: the relay needs only the messages. Same
+	// rule as Slot. Defaults to PublicationDefault ("idem_outbox").
+	Publication string
+	// Prefix is the message prefix the relay decodes (see Enqueuer);
+	// messages of other prefixes are passed over. At most PrefixMaxLen
+	// bytes. Defaults to PrefixDefault ("idem.outbox").
+	Prefix string
+	// BatchSize is the most events per batch (one Publish call in the
+	// common case), 1 to BatchSizeMax. A batch holds what arrived while
+	// the previous one was being published, so it is small at low load.
+	// Defaults to BatchSizeDefault (500).
+	BatchSize int
+	// BatchTimeout bounds one publish attempt of a batch, on
+	// context.WithTimeout of the run's work context: the soft stop lets
+	// it finish, the hard stop cancels it. Defaults to
+	// BatchTimeoutDefault (10s).
+	BatchTimeout time.Duration
+	// StatusInterval is how often the relay reports its confirmed
+	// position to the server when nothing else prompts it; it must be
+	// well under the server's wal_sender_timeout (60s by default).
+	// Keepalives that ask for a reply are answered at once. Defaults to
+	// StatusIntervalDefault (1s).
+	StatusInterval time.Duration
+	// AcquireInterval is how often a standby retries taking the slot
+	// from the relay that reads it. Defaults to AcquireIntervalDefault (1s).
+	AcquireInterval time.Duration
+	// BackoffMin and BackoffMax bound the wait before retrying a failed
+	// publish and before reconnecting (full jitter, doubling from
+	// BackoffMin). Defaults to BackoffMinDefault (100ms) and
+	// BackoffMaxDefault (30s).
+	BackoffMin time.Duration
+	BackoffMax time.Duration
+	// LagInterval is how often the relay measures the slot's lag (a
+	// RelaySlotLag hook event); negative disables it. Defaults to
+	// LagIntervalDefault (10s).
+	LagInterval time.Duration
+	// LagWarnBytes and LagWarnAge: a lag measure past either is also a
+	// warning on Logger. Defaults to LagWarnBytesDefault (1 GiB) and
+	// LagWarnAgeDefault (5m).
+	LagWarnBytes int64
+	LagWarnAge   time.Duration
+	// Owner names this relay in hook events and in the replication
+	// connection's application_name; at most OwnerMaxLen bytes. Defaults
+	// to hostname-pid-random.
+	Owner string
+	// Logger receives warnings. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Hook observes the relay with outbox.RelayEvent (Mode outbox.WAL):
+	// batches as in the table relay, plus RelaySlotAcquired,
+	// RelaySlotBusy, RelaySlotLag and RelayStreamFailed. Defaults to nil.
+	Hook func(ctx context.Context, e outbox.RelayEvent) context.Context
+}
+
+func (c *Config) withDefaults() Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	str := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	dur := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	str(&out.Slot, SlotDefault)
+	str(&out.Publication, PublicationDefault)
+	str(&out.Prefix, PrefixDefault)
+	if out.BatchSize == 0 {
+		out.BatchSize = BatchSizeDefault
+	}
+	dur(&out.BatchTimeout, BatchTimeoutDefault)
+	dur(&out.StatusInterval, StatusIntervalDefault)
+	dur(&out.AcquireInterval, AcquireIntervalDefault)
+	dur(&out.BackoffMin, BackoffMinDefault)
+	dur(&out.BackoffMax, BackoffMaxDefault)
+	dur(&out.LagInterval, LagIntervalDefault)
+	dur(&out.LagWarnAge, LagWarnAgeDefault)
+	if out.LagWarnBytes == 0 {
+		out.LagWarnBytes = LagWarnBytesDefault
+	}
+	if out.Owner == "" {
+		host, _ := os.Hostname()
+		var b [3]byte
+		_, _ = crand.Read(b[:])
+		out.Owner = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+		if len(out.Owner) > OwnerMaxLen {
+			out.Owner = out.Owner[len(out.Owner)-OwnerMaxLen:]
+		}
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out
+}
+
+func (c *Config) validate() error {
+	bad := func(field, why string) error { return fmt.Errorf("%w: %s %s", ErrInvalidConfig, field, why) }
+	switch {
+	case !identifier.MatchString(c.Slot):
+		return bad("Slot", "must be 1..63 of a-z, 0-9 and _")
+	case !identifier.MatchString(c.Publication):
+		return bad("Publication", "must be 1..63 of a-z, 0-9 and _")
+	case c.BatchSize < 1 || c.BatchSize > BatchSizeMax:
+		return bad("BatchSize", fmt.Sprintf("must be in 1..%d", BatchSizeMax))
+	case c.BatchTimeout < 0:
+		return bad("BatchTimeout", "must be positive")
+	case c.StatusInterval < 0:
+		return bad("StatusInterval", "must be positive")
+	case c.AcquireInterval < 0:
+		return bad("AcquireInterval", "must be positive")
+	case c.BackoffMin < 0:
+		return bad("BackoffMin", "must be positive")
+	case c.BackoffMax < c.BackoffMin:
+		return bad("BackoffMax", fmt.Sprintf("(%v) must be at least BackoffMin (%v)", c.BackoffMax, c.BackoffMin))
+	case c.LagWarnBytes < 0:
+		return bad("LagWarnBytes", "must be positive")
+	case c.LagWarnAge < 0:
+		return bad("LagWarnAge", "must be positive")
+	case len(c.Owner) > OwnerMaxLen || !storable(c.Owner):
+		return bad("Owner", fmt.Sprintf("must be at most %d bytes of UTF-8 without NUL", OwnerMaxLen))
+	}
+	if err := checkPrefix(c.Prefix); err != nil {
+		return err
+	}
+	return nil
+}
