@@ -79,6 +79,8 @@ type run struct {
 	// through a proxy); brokers likewise for Kafka.
 	billingDB string
 	brokers   []string
+	// natsURL is the nats-server child's (Config.Broker nats), else "".
+	natsURL   string
 	pgLog     *os.File
 	instances []*proc
 	drv       *driver
@@ -183,7 +185,11 @@ func (r *run) execute(ctx context.Context) error {
 		return err
 	}
 	brokers := c.KafkaBrokers
-	if brokers == "" {
+	if c.Broker == BrokerNATS {
+		if r.natsURL, err = r.startNATS(ctx); err != nil {
+			return err
+		}
+	} else if brokers == "" {
 		port, err := freePort()
 		if err != nil {
 			return err
@@ -254,12 +260,18 @@ func (r *run) execute(ctx context.Context) error {
 			"KAFKA_SESSION_TIMEOUT=" + c.SessionTimeout.String(),
 			"KAFKA_HEARTBEAT_INTERVAL=" + (c.SessionTimeout / 6).String(),
 			"KAFKA_REBALANCE_TIMEOUT=" + c.SessionTimeout.String(),
+			// On NATS, a killed instance's messages come back after the
+			// AckWait: the session timeout's counterpart.
+			"NATS_ACK_WAIT=" + c.SessionTimeout.String(),
 			// The rows of a relay SIGKILLed mid-batch come back after this,
 			// not after the minute a production lease waits.
 			"OUTBOX_LEASE_TTL=" + outboxLeaseTTL(c.ShutdownTimeout).String(),
 		}
 		if c.Unsafe != "" && c.Unsafe != UnsafeKey {
 			env = append(env, "BILLING_UNSAFE="+c.Unsafe)
+		}
+		if c.Broker == BrokerNATS {
+			env = append(env, "BROKER=nats", "NATS_URL="+r.natsURL)
 		}
 		env = append(env, c.Env...)
 		p, err := newProc(fmt.Sprintf("billing-%d", i+1), c.BillingBin, []string{"serve"}, env, addr, r.logDir,
@@ -790,7 +802,12 @@ func (r *run) busy(ctx context.Context) (string, error) {
 	if leases > 0 {
 		return fmt.Sprintf("%d idempotency claims with a live lease", leases), nil
 	}
-	lag, err := consumerLag(ctx, r.brokers)
+	var lag string
+	if r.natsURL != "" {
+		lag, err = natsLag(ctx, r.natsURL)
+	} else {
+		lag, err = consumerLag(ctx, r.brokers)
+	}
 	if err != nil {
 		return "", err
 	}
@@ -977,7 +994,13 @@ func (r *run) auditKafka(ctx context.Context, rows []outboxRow) error {
 		}
 	}
 	sort.Strings(topics)
-	recs, err := readTopics(ctx, r.brokers, topics)
+	var recs []wireRecord
+	var err error
+	if r.natsURL != "" {
+		recs, err = readStreams(ctx, r.natsURL, topics)
+	} else {
+		recs, err = readTopics(ctx, r.brokers, topics)
+	}
 	if err != nil {
 		return err
 	}
