@@ -129,7 +129,7 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 	r := &run{cfg: c, rep: &Report{
 		Seed: c.Seed, Unsafe: c.Unsafe, Orders: c.Orders, Payments: c.Payments,
 		Instances: c.Instances, DropRate: c.DropRate, FailRate: c.FailRate,
-		ProduceFailRate: c.ProduceFailRate, DeclineRate: c.DeclineRate,
+		ProduceFailRate: c.ProduceFailRate, DeclineRate: c.DeclineRate, Broker: c.brokerName(),
 	}}
 	tempWork := c.WorkDir == ""
 	if tempWork {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -206,4 +207,22 @@ func natsRecord(m *jetstream.RawStreamMsg) (wireRecord, bool) {
 		}
 	}
 	return w, true
+}
+
+// brokerName is Report.Broker: the broker, and on Kafka billing's client
+// (KAFKA_CLIENT from Env, else the harness's own environment).
+func (c *Config) brokerName() string {
+	if c.Broker == BrokerNATS {
+		return BrokerNATS
+	}
+	client := os.Getenv("KAFKA_CLIENT")
+	for _, kv := range c.Env {
+		if v, ok := strings.CutPrefix(kv, "KAFKA_CLIENT="); ok {
+			client = v
+		}
+	}
+	if client == "" {
+		client = "franz"
+	}
+	return BrokerKafka + "/" + client
 }
