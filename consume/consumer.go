@@ -39,9 +39,9 @@ type Consumer struct {
 	log     *slog.Logger
 	backoff backoff.Policy
 	ss      startstop.Service
-	// stopBy is the earliest deadline of the Stop and HardStop ctxs of the
-	// stop in progress (UnixNano; 0 for none): the stop's last ack and the
-	// session's Close are bounded by it (see Stop).
+	// stopBy is the deadline of the ctx of the latest Stop or HardStop
+	// call (UnixNano; 0 for none): the stop's last ack and the session's
+	// Close are bounded by it (see Stop).
 	stopBy atomic.Int64
 }
 
@@ -103,7 +103,8 @@ func (c *Consumer) Start(ctx context.Context) error {
 // concurrently.
 //
 // The last ack and the session's Close are bounded by AckTimeout and, when
-// ctx has a deadline, by that deadline too: the ack by a third of the time
+// ctx (of this call, or of a later Stop or HardStop) has a deadline, by
+// that deadline too: the ack by a third of the time
 // left when it begins, the Close by three quarters of what is left then. A
 // broker can hold an ack or a leave for long (a Kafka group rebalancing
 // holds commits, and the leave, until every member it knows has rejoined,
@@ -117,20 +118,14 @@ func (c *Consumer) Stop(ctx context.Context) error {
 	return c.ss.Stop(ctx)
 }
 
-// noteStop records ctx's deadline as the stop's bound, unless an earlier
-// one is recorded.
+// noteStop records ctx's deadline as the stop's bound: the latest call's
+// (a HardStop after a Stop that timed out gives the stop a new budget).
 func (c *Consumer) noteStop(ctx context.Context) {
-	dl, ok := ctx.Deadline()
-	if !ok {
-		return
+	var n int64
+	if dl, ok := ctx.Deadline(); ok {
+		n = dl.UnixNano()
 	}
-	n := dl.UnixNano()
-	for {
-		cur := c.stopBy.Load()
-		if (cur != 0 && cur <= n) || c.stopBy.CompareAndSwap(cur, n) {
-			return
-		}
-	}
+	c.stopBy.Store(n)
 }
 
 // stopContext is the ctx of a stop-time ack (share 1/3) or Close (3/4):
