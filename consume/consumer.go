@@ -128,17 +128,37 @@ func (c *Consumer) noteStop(ctx context.Context) {
 	c.stopBy.Store(n)
 }
 
-// stopContext is the ctx of a stop-time ack (share 1/3) or Close (3/4):
-// AckTimeout, within share of the time left before the stop's bound.
+// stopContext is the ctx of an ack (share 1/3) or of the session's Close
+// (3/4): AckTimeout, and once the soft stop has begun (now, or while the
+// call is in flight: an ack that a rebalance holds when the stop comes),
+// share of the time then left before the stop's bound.
 func (r *run) stopContext(num, den int64) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.work), r.cfg.AckTimeout)
-	by := r.c.stopBy.Load()
-	if by == 0 || r.ctx.Err() == nil {
-		return ctx, cancel
+	var mu sync.Mutex
+	var timer *time.Timer
+	done := false
+	unhook := context.AfterFunc(r.ctx, func() {
+		by := r.c.stopBy.Load()
+		if by == 0 {
+			return
+		}
+		left := time.Until(time.Unix(0, by))
+		mu.Lock()
+		defer mu.Unlock()
+		if !done {
+			timer = time.AfterFunc(max(left*time.Duration(num)/time.Duration(den), 0), cancel)
+		}
+	})
+	return ctx, func() {
+		unhook()
+		mu.Lock()
+		done = true
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
+		cancel()
 	}
-	left := time.Until(time.Unix(0, by))
-	dctx, dcancel := context.WithTimeout(ctx, max(left*time.Duration(num)/time.Duration(den), 0))
-	return dctx, func() { dcancel(); cancel() }
 }
 
 // HardStop is Stop that also cancels the work in hand: the handler's ctx

@@ -34,6 +34,22 @@ func (h *joinCounter) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _
 
 var _ kgo.HookBrokerWrite = (*joinCounter)(nil)
 
+// commitSpy is a franz-go logger that signals each entry into
+// CommitOffsetsSync (a debug line), so that a test knows an offset commit
+// is in flight.
+type commitSpy struct{ entered chan struct{} }
+
+func (commitSpy) Level() kgo.LogLevel { return kgo.LogLevelDebug }
+
+func (l commitSpy) Log(_ kgo.LogLevel, msg string, _ ...any) {
+	if msg == "in CommitOffsetsSync" {
+		select {
+		case l.entered <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // rawJoin joins group as a bare member (what a SIGKILLed instance looks
 // like to the broker: a member that joined and will never be heard from
 // again), answering MEMBER_ID_REQUIRED. It returns the join's answer. It
@@ -126,6 +142,7 @@ func TestStopDuringARebalanceHeldByADeadMember(t *testing.T) {
 	b := consSetup(t, 2)
 	ctx := context.Background()
 	joins := &joinCounter{sent: make(chan struct{}, 1)}
+	commits := commitSpy{entered: make(chan struct{}, 1)}
 	processed := make(chan string, 16)
 	handler := func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
 		if err := consEffectHandler("a")(ctx, tx, rec); err != nil {
@@ -136,7 +153,7 @@ func TestStopDuringARebalanceHeldByADeadMember(t *testing.T) {
 	}
 	c, err := kafka.NewConsumer(b.db.Pool, handler, &kafka.ConsumerConfig{
 		Brokers: b.kc.Addrs, Group: b.group, Topics: []string{b.topic},
-		ClientOpts: []kgo.Opt{kgo.HeartbeatInterval(100 * time.Millisecond), kgo.WithHooks(joins)},
+		ClientOpts: []kgo.Opt{kgo.HeartbeatInterval(100 * time.Millisecond), kgo.WithHooks(joins), kgo.WithLogger(commits)},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -186,12 +203,21 @@ func TestStopDuringARebalanceHeldByADeadMember(t *testing.T) {
 		}
 	}
 	// A record A processes while its join is held: its commit waits for
-	// the rebalance.
+	// the rebalance, and is in flight when the stop comes.
+	select {
+	case <-commits.entered: // an earlier commit's
+	default:
+	}
 	b.consProduce(t, 2, 3)
 	select {
 	case <-processed:
 	case <-eDone:
 		t.Fatal("E's join ended before A processed its record")
+	}
+	select {
+	case <-commits.entered:
+	case <-eDone:
+		t.Fatal("E's join ended before A's commit began")
 	}
 
 	// 4. The stop, on a budget far below D's session.
