@@ -104,8 +104,9 @@ func (c *Consumer) Start(ctx context.Context) error {
 //
 // The last ack and the session's Close are bounded by AckTimeout and, when
 // ctx (of this call, or of a later Stop or HardStop) has a deadline, by
-// that deadline too: the ack by a third of the time
-// left when it begins, the Close by three quarters of what is left then. A
+// that deadline too: an ack (the last one, or one in flight when the stop
+// comes) by a third of the time left when the stop reaches it, the Close
+// by three quarters of what is left then. A
 // broker can hold an ack or a leave for long (a Kafka group rebalancing
 // holds commits, and the leave, until every member it knows has rejoined,
 // a SIGKILLed one included, which it waits for until its session times
