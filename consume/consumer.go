@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,6 +39,10 @@ type Consumer struct {
 	log     *slog.Logger
 	backoff backoff.Policy
 	ss      startstop.Service
+	// stopBy is the deadline of the ctx of the latest Stop or HardStop
+	// call (UnixNano; 0 for none): the stop's last ack and the session's
+	// Close are bounded by it (see Stop).
+	stopBy atomic.Int64
 }
 
 // New validates cfg and returns a Consumer; nothing connects until Start.
@@ -77,6 +82,7 @@ func New(db DB, driver Driver, handler Handler, cfg *Config) (*Consumer, error) 
 // running Consumer does nothing; Start after a stop opens a fresh session.
 func (c *Consumer) Start(ctx context.Context) error {
 	return c.ss.Start(ctx, func(ctx context.Context, g *startstop.Group) error {
+		c.stopBy.Store(0)
 		sess, err := c.driver.Open(ctx)
 		if err != nil {
 			return fmt.Errorf("consume: open session: %w", err)
@@ -95,13 +101,75 @@ func (c *Consumer) Start(ctx context.Context) error {
 // returns ctx.Err() when ctx ends first (the run then goes on in the
 // background; HardStop cuts it short). Safe before Start, twice and
 // concurrently.
-func (c *Consumer) Stop(ctx context.Context) error { return c.ss.Stop(ctx) }
+//
+// The last ack and the session's Close are bounded by AckTimeout and, when
+// ctx (of this call, or of a later Stop or HardStop) has a deadline, by
+// that deadline too: an ack (the last one, or one in flight when the stop
+// comes) by a third of the time left when the stop reaches it, the Close
+// by three quarters of what is left then. A
+// broker can hold an ack or a leave for long (a Kafka group rebalancing
+// holds commits, and the leave, until every member it knows has rejoined,
+// a SIGKILLed one included, which it waits for until its session times
+// out). Giving such an ack up costs a re-read (the messages are in
+// processed_event: their next owner skips them), and giving the leave up
+// delays the hand-over to the broker's own timeout; waiting would cost
+// the stop its budget.
+func (c *Consumer) Stop(ctx context.Context) error {
+	c.noteStop(ctx)
+	return c.ss.Stop(ctx)
+}
+
+// noteStop records ctx's deadline as the stop's bound: the latest call's
+// (a HardStop after a Stop that timed out gives the stop a new budget).
+func (c *Consumer) noteStop(ctx context.Context) {
+	var n int64
+	if dl, ok := ctx.Deadline(); ok {
+		n = dl.UnixNano()
+	}
+	c.stopBy.Store(n)
+}
+
+// stopContext is the ctx of an ack (share 1/3) or of the session's Close
+// (3/4): AckTimeout, and once the soft stop has begun (now, or while the
+// call is in flight: an ack that a rebalance holds when the stop comes),
+// share of the time then left before the stop's bound.
+func (r *run) stopContext(num, den int64) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.work), r.cfg.AckTimeout)
+	var mu sync.Mutex
+	var timer *time.Timer
+	done := false
+	unhook := context.AfterFunc(r.ctx, func() {
+		by := r.c.stopBy.Load()
+		if by == 0 {
+			return
+		}
+		left := time.Until(time.Unix(0, by))
+		mu.Lock()
+		defer mu.Unlock()
+		if !done {
+			timer = time.AfterFunc(max(left*time.Duration(num)/time.Duration(den), 0), cancel)
+		}
+	})
+	return ctx, func() {
+		unhook()
+		mu.Lock()
+		done = true
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
+		cancel()
+	}
+}
 
 // HardStop is Stop that also cancels the work in hand: the handler's ctx
 // ends, its transaction rolls back, and the message is redelivered later.
 // What was done before is still acked and the session closed, each bounded
 // by AckTimeout.
-func (c *Consumer) HardStop(ctx context.Context) error { return c.ss.HardStop(ctx) }
+func (c *Consumer) HardStop(ctx context.Context) error {
+	c.noteStop(ctx)
+	return c.ss.HardStop(ctx)
+}
 
 // ConsumerID reports Config.ConsumerID.
 func (c *Consumer) ConsumerID() string { return c.cfg.ConsumerID }
@@ -194,8 +262,10 @@ func (r *run) fetchContext() (context.Context, context.CancelFunc) {
 //  3. stuck messages are abandoned: unacked, they come back to the next
 //     owner;
 //  4. what is done is acked, bounded by AckTimeout even after a hard stop
-//     (cheap, and it saves the next owner re-reading);
-//  5. the session closes (leaves the group), bounded by AckTimeout.
+//     (cheap, and it saves the next owner re-reading), and by the stop's
+//     deadline (see Stop);
+//  5. the session closes (leaves the group), bounded by AckTimeout and
+//     the stop's deadline.
 func (r *run) finish() {
 	r.inflight.Wait()
 	r.collect()
@@ -204,7 +274,7 @@ func (r *run) finish() {
 		r.abandon(st.it, st.reported)
 	}
 	r.ack()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.work), r.cfg.AckTimeout)
+	ctx, cancel := r.stopContext(3, 4)
 	defer cancel()
 	if err := r.sess.Close(ctx); err != nil {
 		r.c.log.Warn("close session", "err", err)
@@ -234,7 +304,7 @@ func (r *run) ack() {
 	}
 	msgs := r.done
 	r.done = nil
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.work), r.cfg.AckTimeout)
+	ctx, cancel := r.stopContext(1, 3)
 	defer cancel()
 	start := time.Now()
 	err := r.sess.Ack(ctx, msgs)

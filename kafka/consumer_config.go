@@ -120,7 +120,9 @@ type ConsumerConfig struct {
 	// applied after the consumer's own. Options that change committing or
 	// rebalancing (autocommit, OnPartitions*) break the guarantee; a static
 	// kgo.InstanceID makes Stop keep the partitions reserved until the
-	// session times out instead of handing them over. Defaults to none.
+	// session times out instead of handing them over; a kgo.WithContext
+	// replaces the consumer's own, which lets a stop abandon a group leave
+	// that a rebalance holds past the stop's deadline. Defaults to none.
 	ClientOpts []kgo.Opt
 }
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -39,6 +40,10 @@ type session struct {
 	cfg *ConsumerConfig
 	log *slog.Logger
 	cl  *kgo.Client
+	// abandon cancels the client's own context (kgo.WithContext): the
+	// group join in flight fails at once instead of when the broker
+	// answers it (see Close).
+	abandon context.CancelFunc
 
 	mu sync.Mutex
 	// owned is the current assignment: offsets are committed and holds
@@ -60,7 +65,10 @@ func (d *driver) Open(context.Context) (consume.Session, error) {
 		cfg: d.cfg, log: d.log,
 		owned: map[topicPartition]bool{}, done: map[topicPartition]doneOffset{}, held: map[topicPartition]int64{},
 	}
+	base, abandon := context.WithCancel(context.Background())
+	s.abandon = abandon
 	opts := []kgo.Opt{
+		kgo.WithContext(base),
 		kgo.SeedBrokers(d.cfg.Brokers...),
 		kgo.ConsumerGroup(d.cfg.Group),
 		kgo.ConsumeTopics(d.cfg.Topics...),
@@ -77,6 +85,7 @@ func (d *driver) Open(context.Context) (consume.Session, error) {
 	}
 	cl, err := kgo.NewClient(append(opts, d.cfg.ClientOpts...)...)
 	if err != nil {
+		abandon()
 		return nil, err
 	}
 	s.cl = cl
@@ -187,15 +196,42 @@ func (s *session) Hold(_ context.Context, m *consume.Message) error {
 }
 
 // Close commits what is left, lets the final revoke through and leaves the
-// group, so that another member takes the partitions over at once.
+// group, so that another member takes the partitions over at once; all
+// within ctx.
+//
+// During a rebalance franz-go holds commits and the leave until this
+// member's JoinGroup is answered, and the broker answers it only once every
+// member it knows has rejoined: one that was SIGKILLed is waited for until
+// its session times out. So, step by step:
+//
+//  1. the commit gets half of ctx's time; one still held then is given up
+//     (the records are in processed_event: the next owner re-reads and
+//     skips them);
+//  2. the leave gets the rest;
+//  3. a leave still held when ctx ends is abandoned: the client's own
+//     context is cancelled, which fails the join in flight, so that
+//     closing the client returns at once. No LeaveGroup reaches the
+//     broker, which drops this member at its session timeout.
 func (s *session) Close(ctx context.Context) error {
+	defer s.abandon()
+	cctx, cancel := ctx, context.CancelFunc(func() {})
+	if dl, ok := ctx.Deadline(); ok {
+		cctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
+	}
 	s.mu.Lock()
-	_ = s.commitLocked(ctx, nil)
+	if err := s.commitLocked(cctx, nil); err != nil {
+		s.log.Warn("final offset commit given up; the next owner re-reads those records and skips them", "err", err)
+	}
 	s.mu.Unlock()
+	cancel()
 	// With BlockRebalanceOnPoll, leaving waits for the final revoke, which
 	// waits for AllowRebalance: forgetting it is the classic Close hang.
 	s.cl.AllowRebalance()
 	err := s.cl.LeaveGroupContext(ctx)
+	if err != nil {
+		s.log.Warn("group leave abandoned (a rebalance holds it); the broker drops this member at its session timeout", "err", err)
+		s.abandon()
+	}
 	s.cl.Close()
 	return err
 }

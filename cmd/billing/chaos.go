@@ -21,7 +21,8 @@ func init() {
 const chaosUsage = `Usage: billing chaos [flags]
 
 Runs everything as child processes: a devkafka broker with a data directory
-(or KAFKA_BROKERS), paysim with faults, and --instances billing servers on
+(or KAFKA_BROKERS; billing's Kafka client is KAFKA_CLIENT=franz|kafkago), or
+with --broker nats a nats-server -js with a store directory, paysim with faults, and --instances billing servers on
 DATABASE_URL (else the local server), each run in a fresh schema. A load
 driver creates and confirms orders and creates payments, retrying every POST
 with the same Idempotency-Key on timeouts, 5xx and 409 in-progress, and
@@ -61,7 +62,7 @@ paysim's ledger (every confirmed order and accepted payment charged exactly
 once, with its order, customer, amount, principal and command key; a FAILED
 only with paysim's decline for it; no charge or decline without one; every
 replayed answer identical to the first in status, allow-listed headers and
-bytes) and Kafka (every outbox event on its topic at least once, the first
+bytes) and the broker (every outbox event on its topic at least once, the first
 deliveries of each aggregate in sequence order). Exit status 1 on any
 violation.
 
@@ -103,6 +104,12 @@ func addHarnessFlags(fs *flag.FlagSet, def chaos.Config) *harnessFlags {
 		}
 		return v
 	}
+	or2 := func(v, d string) string {
+		if v == "" {
+			return d
+		}
+		return v
+	}
 	h := &harnessFlags{}
 	fs.StringVar(&h.profile, "profile", "", "start from a named size: "+chaos.ProfileNames+" (flags given override it)")
 	fs.IntVar(&h.cfg.Orders, "orders", def.Orders, "orders to create and confirm")
@@ -115,6 +122,7 @@ func addHarnessFlags(fs *flag.FlagSet, def chaos.Config) *harnessFlags {
 	fs.Float64Var(&h.cfg.FailRate, "fail-rate", def.FailRate, "paysim: share of charges that fail before charging")
 	fs.Float64Var(&h.cfg.DeclineRate, "decline-rate", def.DeclineRate, "paysim: share of charge keys declined for good (402 CARD_DECLINED, recorded)")
 	fs.Float64Var(&h.cfg.ProduceFailRate, "produce-fail-rate", def.ProduceFailRate, "devkafka: share of produce partitions failed with a non-retriable error (needs the embedded broker)")
+	fs.StringVar(&h.cfg.Broker, "broker", or2(def.Broker, chaos.BrokerKafka), "kafka (a devkafka child, or KAFKA_BROKERS; KAFKA_CLIENT picks billing's client) or nats (a nats-server -js child)")
 	fs.IntVar(&h.cfg.PGRestarts, "pg-restarts", def.PGRestarts, "crash and restart billing's own PostgreSQL cluster this many times")
 	fs.IntVar(&h.cfg.NetCuts, "net-cuts", def.NetCuts, "reset every connection from billing to PostgreSQL and Kafka this many times (needs the embedded broker)")
 	fs.StringVar(&h.cfg.OutboxMode, "outbox-mode", chaos.OutboxTable, "billing's OUTBOX_MODE: table or wal")
@@ -212,7 +220,16 @@ func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error
 	if (cfg.Kills > 0 || cfg.Terms > 0) && cfg.Instances < 2 {
 		return cli.Usagef("--kills and --terms need --instances 2 or more (one instance always serves)")
 	}
-	cfg.KafkaBrokers = os.Getenv("KAFKA_BROKERS")
+	switch cfg.Broker {
+	case chaos.BrokerKafka:
+		cfg.KafkaBrokers = os.Getenv("KAFKA_BROKERS")
+	case chaos.BrokerNATS:
+		if cfg.NetCuts > 0 || cfg.ProduceFailRate > 0 {
+			return cli.Usagef("--net-cuts and --produce-fail-rate are Kafka's: not with --broker nats")
+		}
+	default:
+		return cli.Usagef("--broker %q: want kafka or nats", cfg.Broker)
+	}
 	if cfg.KafkaBrokers != "" && cfg.BrokerRestarts > 0 {
 		if !pgtempFallback {
 			return cli.Usagef("--broker-restarts needs the embedded broker: unset KAFKA_BROKERS or pass --broker-restarts 0")

@@ -41,7 +41,7 @@ environment variable.
 
 Environment:
   DATABASE_URL        PostgreSQL (default: the local server)
-  KAFKA_BROKERS       comma-separated seed brokers (required)
+  KAFKA_BROKERS       comma-separated seed brokers (required with BROKER=kafka)
   PAYMENT_URL         payment provider base URL, e.g. http://127.0.0.1:8090 (charger role)
   HTTP_ADDR           listen address (default :8080)
   SHUTDOWN_TIMEOUT    bound of the whole stop (default 25s)
@@ -98,7 +98,7 @@ Environment:
                             metrics as OpenTelemetry instruments (/metrics serves
                             them either way); the exporters read the other
                             standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT,
-                            OTEL_SERVICE_NAME, ...)`
+                            OTEL_SERVICE_NAME, ...)` + brokerUsage
 
 func serve(ctx context.Context, args []string) (err error) {
 	fs := cli.FlagSet("serve", serveUsage)
@@ -168,14 +168,9 @@ func serve(ctx context.Context, args []string) (err error) {
 	if err != nil {
 		return err
 	}
-	var brokers []string
-	for _, b := range strings.Split(os.Getenv("KAFKA_BROKERS"), ",") {
-		if b = strings.TrimSpace(b); b != "" {
-			brokers = append(brokers, b)
-		}
-	}
-	if len(brokers) == 0 {
-		return cli.Usagef("KAFKA_BROKERS is empty: set it to the seed brokers (for a local broker run 'idem devkafka')")
+	var bcfg app.Config
+	if err := brokerEnv(&bcfg); err != nil {
+		return err
 	}
 	paymentURL := os.Getenv("PAYMENT_URL")
 	if r.Charger && paymentURL == "" {
@@ -199,7 +194,11 @@ func serve(ctx context.Context, args []string) (err error) {
 		Telemetry:         tel.Tel,
 		TelemetryMetrics:  tel.Metrics,
 		Pool:              pool,
-		Brokers:           brokers,
+		Brokers:           bcfg.Brokers,
+		Broker:            bcfg.Broker,
+		KafkaClient:       bcfg.KafkaClient,
+		NATSURL:           bcfg.NATSURL,
+		NATSAckWait:       bcfg.NATSAckWait,
 		PaymentURL:        paymentURL,
 		HTTPAddr:          cli.Env("HTTP_ADDR", app.HTTPAddrDefault),
 		HTTP:              &httpCfg,

@@ -14,7 +14,8 @@ func TestBenchRelayJSON(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t, testdb.Empty())
 	stdout, stderr, code := runIdem(t, []string{"DATABASE_URL=" + db.URL}, "bench", "relay", "--json",
-		"--events", "1200", "--aggregates", "40", "--batch-size", "200", "--latency-events", "100", "--rate", "200")
+		"--events", "1200", "--aggregates", "40", "--batch-size", "200", "--latency-events", "100", "--rate", "200",
+		"--publisher-events", "0")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}

@@ -159,8 +159,20 @@ func walPrefixOf(mode, slot string) string {
 type Config struct {
 	// Pool is the database. Required; closed by Run at the end.
 	Pool *pgxpool.Pool
-	// Brokers are the Kafka seed brokers. Required.
+	// Brokers are the Kafka seed brokers. Required with BrokerKafka.
 	Brokers []string
+	// Broker is BrokerKafka or BrokerNATS (BROKER). Defaults to
+	// BrokerKafka.
+	Broker string
+	// KafkaClient is the Kafka client library, KafkaClientFranz or
+	// KafkaClientKafkaGo (KAFKA_CLIENT). Defaults to KafkaClientFranz.
+	KafkaClient string
+	// NATSURL is the NATS server (NATS_URL). Required with BrokerNATS.
+	NATSURL string
+	// NATSAckWait is the durable consumers' AckWait with BrokerNATS: how
+	// soon the messages of a killed instance are delivered again.
+	// Defaults to NATSAckWaitDefault (30s).
+	NATSAckWait time.Duration
 	// PaymentURL is the provider's base URL. Required with the charger role.
 	PaymentURL string
 	// HTTPAddr is the listen address. Defaults to HTTPAddrDefault (":8080").
@@ -328,11 +340,17 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	default:
 		return fmt.Errorf("billing: OutboxMode %q: want table or wal", cfg.OutboxMode)
 	}
+	bk, err := newBroker(&cfg, log, session, heartbeat, rebalance)
+	if err != nil {
+		return err
+	}
 	switch {
 	case cfg.Pool == nil:
 		return errors.New("billing: Config.Pool is nil")
-	case len(cfg.Brokers) == 0:
+	case bk.kind == BrokerKafka && len(cfg.Brokers) == 0:
 		return errors.New("billing: Config.Brokers is empty (set KAFKA_BROKERS)")
+	case bk.kind == BrokerNATS && cfg.NATSURL == "":
+		return errors.New("billing: Config.NATSURL is empty (set NATS_URL)")
 	case roles.Charger && cfg.PaymentURL == "":
 		return errors.New("billing: the charger role needs PAYMENT_URL")
 	case roles.HTTP && len(cfg.Tokens) == 0:
@@ -388,7 +406,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return fmt.Errorf("billing: OUTBOX_MODE=wal: %w", err)
 		}
 	}
-	if err := ensureTopics(ctx, cfg.Brokers, partitions); err != nil {
+	if err := bk.ensure(ctx, partitions); err != nil {
 		return stoppedBeforeReady("creating topics", err)
 	}
 
@@ -454,16 +472,19 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		if err != nil {
 			return err
 		}
-		adminCl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...))
-		if err != nil {
-			return fmt.Errorf("billing: kafka admin client: %w", err)
+		gcfg := httpapi.GaugesConfig{DB: pool, Groups: []string{consumer.OrderGroup, consumer.ChargeGroupDefault}, Interval: cfg.MetricsRefresh, Logger: log}
+		if bk.kind == BrokerKafka {
+			// The lag of a Kafka group is the broker's, whichever client
+			// consumes; on NATS there is no lag gauge.
+			adminCl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...))
+			if err != nil {
+				return fmt.Errorf("billing: kafka admin client: %w", err)
+			}
+			closers = append(closers, adminCl.Close)
+			gcfg.Lag = kadm.NewClient(adminCl)
+			kafkaStage = append(kafkaStage, lifecycle.Closer(adminCl.Close))
 		}
-		closers = append(closers, adminCl.Close)
-		gauges := metrics.NewGauges(httpapi.GaugesConfig{
-			DB: pool, Lag: kadm.NewClient(adminCl), Groups: []string{consumer.OrderGroup, consumer.ChargeGroupDefault},
-			Interval: cfg.MetricsRefresh, Logger: log,
-		})
-		kafkaStage = append(kafkaStage, lifecycle.Closer(adminCl.Close))
+		gauges := metrics.NewGauges(gcfg)
 
 		idemGauges, err := tele.gauges(pool, cfg.MetricsRefresh, cfg.TelemetryMetrics)
 		if err != nil {
@@ -479,7 +500,17 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			cfg.OnListening(ln.Addr())
 		}
 	}
-	if roles.Consumer {
+	if roles.Consumer && !bk.franz() {
+		hook := tele.consumer(consumer.OnDuplicate(metrics.InboxDuplicate(consumer.OrderGroup)))
+		if cfg.Unsafe == UnsafeInbox {
+			hook = tele.consumer(nil)
+		}
+		c, err := bk.orderConsumer(pool, hook)
+		if err != nil {
+			return err
+		}
+		consumerStage = append(consumerStage, c)
+	} else if roles.Consumer {
 		var c *kafka.Consumer
 		if cfg.Unsafe == UnsafeInbox {
 			c, err = consumer.NewUnsafeOrderConsumer(pool, cfg.Brokers, log, tele.consumer(nil), groupOpts...)
@@ -491,7 +522,22 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 		consumerStage = append(consumerStage, c)
 	}
-	if roles.Relay {
+	if roles.Relay && !bk.franz() {
+		pub, closeClient, err := bk.publisher()
+		if err != nil {
+			return err
+		}
+		closers = append(closers, func() { _ = closeClient.Stop(context.Background()) })
+		if cfg.Unsafe == UnsafePublish {
+			pub = &dropOnePublisher{next: pub, log: log}
+		}
+		loops, err := scheduler.New(pool, pub, min(outbox.BatchTimeoutDefault, share(20)*3/4), cfg.OutboxLeaseTTL, log, tele.loops())
+		if err != nil {
+			return err
+		}
+		relayStage = append(relayStage, loops...)
+		kafkaStage = append(kafkaStage, closeClient)
+	} else if roles.Relay {
 		prodCl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, kafka.ProducerOpts()...)...)
 		if err != nil {
 			return fmt.Errorf("billing: kafka producer: %w", err)
@@ -525,11 +571,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		if err != nil {
 			return err
 		}
-		w, err := consumer.NewChargeWorker(pool, gw, &consumer.ChargeWorkerConfig{
+		wcfg := &consumer.ChargeWorkerConfig{
 			Brokers: cfg.Brokers, Logger: log, OnSettled: metrics.ChargeSettled,
 			OnDuplicate: metrics.InboxDuplicate(consumer.ChargeGroupDefault), OnProviderReplay: metrics.ProviderReplay,
 			ClientOpts: groupOpts, UnsafeNoInbox: cfg.Unsafe == UnsafeInbox, Hook: tele.consumer(nil),
-		})
+		}
+		w, err := bk.chargeWorker(pool, gw, wcfg)
 		if err != nil {
 			return err
 		}
@@ -552,7 +599,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	closers = nil // the group owns everything now
 	log.Info("billing starting", "roles", roles.String(), "shutdown_timeout", timeout, "unsafe", cfg.Unsafe,
-		"kafka_session_timeout", session, "kafka_heartbeat_interval", heartbeat, "kafka_rebalance_timeout", rebalance)
+		"broker", bk.kind, "kafka_client", bk.client, "kafka_session_timeout", session, "kafka_heartbeat_interval", heartbeat, "kafka_rebalance_timeout", rebalance)
 	return g.Run(ctx)
 }
 

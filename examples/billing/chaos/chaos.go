@@ -81,9 +81,11 @@ type run struct {
 	// walSlot is billing's slot (and publication) with OutboxWAL, and
 	// walSlot+"_audit" the harness's; walMark is the WAL position billing's
 	// slot must have confirmed for the relay to owe nothing (see walBehind).
-	walSlot   string
-	walMark   string
-	brokers   []string
+	walSlot string
+	walMark string
+	brokers []string
+	// natsURL is the nats-server child's (Config.Broker nats), else "".
+	natsURL   string
 	pgLog     *os.File
 	instances []*proc
 	drv       *driver
@@ -134,7 +136,7 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 	r := &run{cfg: c, rep: &Report{
 		Seed: c.Seed, Unsafe: c.Unsafe, Orders: c.Orders, Payments: c.Payments,
 		Instances: c.Instances, DropRate: c.DropRate, FailRate: c.FailRate,
-		ProduceFailRate: c.ProduceFailRate, DeclineRate: c.DeclineRate,
+		ProduceFailRate: c.ProduceFailRate, DeclineRate: c.DeclineRate, Broker: c.brokerName(),
 	}}
 	tempWork := c.WorkDir == ""
 	if tempWork {
@@ -195,7 +197,11 @@ func (r *run) execute(ctx context.Context) error {
 		}
 	}
 	brokers := c.KafkaBrokers
-	if brokers == "" {
+	if c.Broker == BrokerNATS {
+		if r.natsURL, err = r.startNATS(ctx); err != nil {
+			return err
+		}
+	} else if brokers == "" {
 		port, err := freePort()
 		if err != nil {
 			return err
@@ -266,6 +272,9 @@ func (r *run) execute(ctx context.Context) error {
 			"KAFKA_SESSION_TIMEOUT=" + c.SessionTimeout.String(),
 			"KAFKA_HEARTBEAT_INTERVAL=" + (c.SessionTimeout / 6).String(),
 			"KAFKA_REBALANCE_TIMEOUT=" + c.SessionTimeout.String(),
+			// On NATS, a killed instance's messages come back after the
+			// AckWait: the session timeout's counterpart.
+			"NATS_ACK_WAIT=" + c.SessionTimeout.String(),
 			// The rows of a relay SIGKILLed mid-batch come back after this,
 			// not after the minute a production lease waits.
 			"OUTBOX_LEASE_TTL=" + outboxLeaseTTL(c.ShutdownTimeout).String(),
@@ -275,6 +284,9 @@ func (r *run) execute(ctx context.Context) error {
 		}
 		if c.OutboxMode == OutboxWAL {
 			env = append(env, "OUTBOX_MODE=wal", "OUTBOX_SLOT="+r.walSlot)
+		}
+		if c.Broker == BrokerNATS {
+			env = append(env, "BROKER=nats", "NATS_URL="+r.natsURL)
 		}
 		env = append(env, c.Env...)
 		p, err := newProc(fmt.Sprintf("billing-%d", i+1), c.BillingBin, []string{"serve"}, env, addr, r.logDir,
@@ -832,7 +844,12 @@ func (r *run) busy(ctx context.Context) (string, error) {
 	if leases > 0 {
 		return fmt.Sprintf("%d idempotency claims with a live lease", leases), nil
 	}
-	lag, err := consumerLag(ctx, r.brokers)
+	var lag string
+	if r.natsURL != "" {
+		lag, err = natsLag(ctx, r.natsURL)
+	} else {
+		lag, err = consumerLag(ctx, r.brokers)
+	}
 	if err != nil {
 		return "", err
 	}
@@ -1025,7 +1042,13 @@ func (r *run) auditKafka(ctx context.Context, rows []outboxRow) error {
 		}
 	}
 	sort.Strings(topics)
-	recs, err := readTopics(ctx, r.brokers, topics)
+	var recs []wireRecord
+	var err error
+	if r.natsURL != "" {
+		recs, err = readStreams(ctx, r.natsURL, topics)
+	} else {
+		recs, err = readTopics(ctx, r.brokers, topics)
+	}
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,9 @@
 // at random under load, and audits the payment provider's ledger.
 //
 // Run starts a devkafka broker with a data directory (unless KafkaBrokers is
-// given), paysim with faults (charge then drop the answer, fail before
+// given; with Broker BrokerNATS a nats-server -js with a store directory
+// instead, billing on BROKER=nats and the broker audit on its JetStream
+// streams, natsaudit.go), paysim with faults (charge then drop the answer, fail before
 // charging) and Config.Instances `billing serve` processes on one database.
 // A load driver creates and confirms orders and creates payments, retrying
 // every POST with the same Idempotency-Key on timeouts, 5xx and 409

@@ -46,7 +46,10 @@ type Layers struct {
 
 // Report is the outcome of a run.
 type Report struct {
-	Seed      int64   `json:"seed"`
+	Seed int64 `json:"seed"`
+	// Broker is what billing ran on: "kafka/franz", "kafka/kafkago"
+	// (KAFKA_CLIENT) or "nats".
+	Broker    string  `json:"broker"`
 	Unsafe    string  `json:"unsafe,omitempty"`
 	Orders    int     `json:"orders"`
 	Payments  int     `json:"payments"`
@@ -189,8 +192,12 @@ func (r *Report) WriteText(w io.Writer) {
 		r.LoadSeconds, r.QuiescenceSeconds, r.LedgerWatchSeconds, r.LongestTimer, r.LedgerLateChanges)
 	fmt.Fprintf(w, "  audit       %d confirmed orders + %d payments: %d CHARGED, %d FAILED; %d ledger charges, %d declines (order, customer, amount, principal and key of each checked)\n",
 		r.ConfirmedOrders, r.AcceptedPayments, r.Charged, r.Failed, r.LedgerCharges, r.LedgerDeclines)
-	fmt.Fprintf(w, "  kafka       %d outbox events of %d aggregates (%d had a failed publish) checked against %d records (%d redeliveries): each on its topic, first deliveries in aggregate order\n",
-		r.KafkaEvents, r.KafkaAggregates, r.KafkaRetried, r.KafkaRecords, r.KafkaRedelivered)
+	label := "kafka"
+	if r.Broker == BrokerNATS {
+		label = "nats"
+	}
+	fmt.Fprintf(w, "  %-11s %d outbox events of %d aggregates (%d had a failed publish) checked against %d records (%d redeliveries): each on its topic, first deliveries in aggregate order\n",
+		label, r.KafkaEvents, r.KafkaAggregates, r.KafkaRetried, r.KafkaRecords, r.KafkaRedelivered)
 	if len(r.Violations) > 0 {
 		kinds := map[string]int{}
 		for _, v := range r.Violations {
