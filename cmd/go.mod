@@ -8,8 +8,10 @@ require (
 	github.com/idemkit/idem/kafkago v0.0.0
 	github.com/idemkit/idem/natsjs v0.0.0
 	github.com/idemkit/idem/otel v0.0.0
+	github.com/idemkit/idem/redisstore v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
+	github.com/redis/go-redis/v9 v9.23.0
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kadm v1.20.0
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
@@ -65,6 +67,7 @@ require (
 	go.opentelemetry.io/otel/exporters/stdout/stdouttrace v1.47.0 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 	go.opentelemetry.io/otel/sdk/log v1.47.0 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/net v0.59.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
@@ -80,6 +83,7 @@ replace (
 	github.com/idemkit/idem/examples/billing => ../examples/billing
 	github.com/idemkit/idem/otel => ../otel
 	github.com/idemkit/idem/prom => ../prom
+	github.com/idemkit/idem/redisstore => ../redisstore
 )
 
 replace github.com/idemkit/idem/kafkago => ../kafkago

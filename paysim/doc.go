@@ -28,7 +28,8 @@
 // (else 422 INVALID_CHARGE). None of these refusals is stored under the
 // key: nothing ran, so a corrected request with the same key is a new
 // attempt. A valid charge then runs behind the idempotency package's
-// middleware over a MemoryStore, scoped by the Authorization header value:
+// middleware over Config.Store (a MemoryStore by default), scoped by the
+// Authorization header value:
 // the same key and body replay the first answer with Idempotent-Replayed:
 // true; the same key with another body is 409 IDEMPOTENCY_KEY_REUSED; a
 // key whose charge is still running is 409 IDEMPOTENCY_KEY_IN_PROGRESS

@@ -154,6 +154,12 @@ type Config struct {
 	// simulator's own counting: for tracing and metrics (package
 	// idemotel's RequestHook). Defaults to nil.
 	Hook func(ctx context.Context, e idempotency.Event) context.Context
+	// Store holds the idempotency records of POST /charges (two-step
+	// mode): a shared one (idempotency.PostgresStore, a Redis store) lets
+	// several simulators, or a restarted one, answer a key alike, while
+	// each keeps its own ledger. Defaults to a new
+	// idempotency.MemoryStore.
+	Store idempotency.Store
 	// Wrap, when set, wraps the simulator's whole handler, every route:
 	// the place for what must see the request before the middleware does,
 	// such as the extraction of an incoming trace context (package
@@ -305,7 +311,7 @@ type Stats struct {
 // POST /charges is validated first (key, principal, body, field sizes,
 // room in the ledger): a refusal there stores nothing, so a corrected
 // retry with the same key is a new attempt. It then goes through the
-// idempotency middleware over a MemoryStore: the same key and body replay
+// idempotency middleware over Config.Store: the same key and body replay
 // the first answer (Idempotent-Replayed: true), a different body is 409
 // IDEMPOTENCY_KEY_REUSED, a key still being charged is 409
 // IDEMPOTENCY_KEY_IN_PROGRESS with Retry-After.
@@ -338,7 +344,11 @@ func New(cfg *Config) (*Server, error) {
 		cfg: c, ledger: newLedger(c.MaxLedgerEntries, c.MaxLedgerBytes),
 		faults: newFaults(c.Seed, c.FailRate, c.DropRate, c.DeclineRate),
 	}
-	mw, err := idempotency.New(idempotency.NewMemoryStore(), &idempotency.Config{
+	store := c.Store
+	if store == nil {
+		store = idempotency.NewMemoryStore()
+	}
+	mw, err := idempotency.New(store, &idempotency.Config{
 		Scope:     c.Scope,
 		Lease:     c.Lease,
 		Retention: max(idempotency.RetentionDefault, c.Lease),

@@ -10,6 +10,14 @@
 //	if ws, err := store.CheckServer(ctx); err != nil || len(ws) > 0 { ... }
 //	mw, err := idempotency.New(store, &idempotency.Config{Scope: ...})
 //
+// or, from a URL (what idem's programs take: IDEMPOTENCY_STORE, idem
+// paysim --store, idem bench http --store), a store owning its client:
+//
+//	store, err := redisstore.Open("redis://127.0.0.1:6379/0?prefix={billing}:", nil)
+//	defer store.Close()
+//
+// A URL that does not parse is ErrInvalidURL, before any connection.
+//
 // # How it works
 //
 // One hash per key, at Config.Prefix plus the hex of the middleware's
@@ -39,6 +47,18 @@
 // cannot share.
 //
 // # What it guarantees, and what it does not
+//
+// Compared with idempotency.PostgresStore, two things are lost whatever
+// the settings. There is no transactional mode: the handler's own
+// database writes commit apart from the record, so a crash after that
+// commit and before Complete lets the retry (after the lease) run the
+// handler again, as in any two-step store; a handler whose effect must
+// not repeat makes it idempotent itself (billing derives its ids from the
+// key and marks the operation in its own transaction). And the records
+// live only as long as Redis keeps them: a server restarted without
+// persistence has forgotten every key, and each retry of those keys runs
+// its handler again (the machine's shared Redis on this project's CI has
+// persistence off, on purpose, for tests).
 //
 // The middleware's guarantee (one handler run to a stored outcome per key
 // and retention period, across every instance) holds exactly as long as

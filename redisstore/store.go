@@ -106,6 +106,8 @@ type Store struct {
 	fence   string
 	maxResp int
 	log     *slog.Logger
+	// closer is the client Open made, closed by Close; nil for New.
+	closer interface{ Close() error }
 }
 
 var _ idempotency.Store = (*Store)(nil)

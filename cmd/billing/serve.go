@@ -84,6 +84,12 @@ Environment:
                             OUTBOX_MODE=wal, created if missing; one relay
                             instance reads it, the others stand by
                             (default billing_outbox)
+  IDEMPOTENCY_STORE         where the HTTP API keeps its idempotency records:
+                            postgres (default: DATABASE_URL, transactional mode),
+                            redis (REDIS_URL, default redis://127.0.0.1:6379/0)
+                            or a redis:// URL (two-step mode; keys under
+                            {billing}: unless ?prefix= says otherwise; what
+                            Redis must keep: the redisstore package doc)
   BILLING_UNSAFE            inbox, fingerprint, lease or publish: switch that protection
                             off so that billing chaos can prove its audit
                             catches the double charges (default: none; never
@@ -185,14 +191,20 @@ func serve(ctx context.Context, args []string) (err error) {
 			err = errors.Join(err, fmt.Errorf("billing: flushing telemetry: %w", ferr))
 		}
 	}()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	istore, closeStore, err := idempotencyStore(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
 	pool, err := cli.Connect(ctx, cli.DatabaseURL())
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	return app.Run(ctx, app.Config{
 		Telemetry:         tel.Tel,
 		TelemetryMetrics:  tel.Metrics,
+		IdempotencyStore:  istore,
 		Pool:              pool,
 		Brokers:           bcfg.Brokers,
 		Broker:            bcfg.Broker,

@@ -35,18 +35,24 @@ type benchEnv struct {
 	// Log receives progress lines; it is stderr, so that --json output on
 	// stdout stays one JSON object.
 	Log io.Writer
-	// Ints and Durations hold the scenario's own flags by name.
-	Ints map[string]*int
+	// Ints and Strings hold the scenario's own flags by name.
+	Ints    map[string]*int
+	Strings map[string]*string
 }
 
-// benchFlags lets a scenario declare integer flags.
+// benchFlags lets a scenario declare integer and string flags.
 type benchFlags struct {
-	ints map[string]*int
-	add  func(name string, def int, usage string) *int
+	ints   map[string]*int
+	strs   map[string]*string
+	add    func(name string, def int, usage string) *int
+	addStr func(name, def, usage string) *string
 }
 
 // Int declares an integer flag of the scenario.
 func (f *benchFlags) Int(name string, def int, usage string) { f.ints[name] = f.add(name, def, usage) }
+
+// String declares a string flag of the scenario.
+func (f *benchFlags) String(name, def, usage string) { f.strs[name] = f.addStr(name, def, usage) }
 
 // benchResult is one variant's figures.
 type benchResult struct {
@@ -90,7 +96,10 @@ func runBench(ctx context.Context, args []string) error {
 	fs := cli.FlagSet("bench "+sc.Name, "Usage: idem bench "+sc.Name+" [flags]\n\n"+sc.Summary)
 	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
 	dbURL := fs.String("database-url", cli.DatabaseURL(), "PostgreSQL URL")
-	bf := &benchFlags{ints: map[string]*int{}, add: func(name string, def int, usage string) *int { return fs.Int(name, def, usage) }}
+	bf := &benchFlags{
+		ints: map[string]*int{}, add: func(name string, def int, usage string) *int { return fs.Int(name, def, usage) },
+		strs: map[string]*string{}, addStr: func(name, def, usage string) *string { return fs.String(name, def, usage) },
+	}
 	if sc.Flags != nil {
 		sc.Flags(bf)
 	}
@@ -100,7 +109,7 @@ func runBench(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return cli.Usagef("unexpected argument %q", fs.Arg(0))
 	}
-	results, err := sc.Run(ctx, &benchEnv{DatabaseURL: *dbURL, Log: os.Stderr, Ints: bf.ints})
+	results, err := sc.Run(ctx, &benchEnv{DatabaseURL: *dbURL, Log: os.Stderr, Ints: bf.ints, Strings: bf.strs})
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -24,6 +25,7 @@ import (
 	"github.com/idemkit/idem/internal/cli"
 	"github.com/idemkit/idem/migrate"
 	idemotel "github.com/idemkit/idem/otel"
+	"github.com/idemkit/idem/redisstore"
 )
 
 func init() {
@@ -38,8 +40,14 @@ func init() {
 			"  metrics on (idemotel's hook and traceparent extraction, SDK tracer with a\n" +
 			"  batch processor to a discarding exporter, SDK meter), its cost against\n" +
 			"  two-step in the same run. Every request carries a traceparent. Every\n" +
-			"  handler run writes one row. Scratch schema (dropped after).",
+			"  handler run writes one row. Scratch schema (dropped after).\n" +
+			"With --store redis (or a redis:// URL), in the same rounds: redis-two-step, the\n" +
+			"  same two-step middleware and handler (its row still in PostgreSQL) over the\n" +
+			"  Redis store; postgres-replay and redis-replay, replays with the in-process\n" +
+			"  replay cache off, so that each reads its store (replay measures the cache).\n" +
+			"  Redis keys under {idembench-RUN}:, expiring after 10 min.",
 		Flags: func(fs *benchFlags) {
+			fs.String("store", "postgres", "postgres (the variants above only), or redis / a redis:// URL: add the Redis store's variants")
 			fs.Int("seconds", 10, "measured seconds per variant, split over the rounds")
 			fs.Int("rounds", 5, "interleaved rounds: every round runs every variant once")
 			fs.Int("clients", 32, "concurrent clients")
@@ -66,6 +74,23 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		return nil, cli.Usagef("--clients must be at least 1")
 	}
 	dur := time.Duration(seconds) * time.Second
+	storeSpec := *env.Strings["store"]
+	withRedis := storeSpec == "redis" || redisstore.IsURL(storeSpec)
+	if !withRedis && storeSpec != "postgres" {
+		return nil, cli.Usagef("--store %q: want postgres, redis or a redis:// URL", cli.Redact(storeSpec))
+	}
+	// The Redis store first: a bad URL or a server that cannot be reached
+	// fails before PostgreSQL is touched.
+	var redisStore idempotency.Store
+	if withRedis {
+		run := uniqueRun()
+		st, err := openStore(ctx, storeSpec, "", "{idembench-"+run+"}:", slog.New(slog.NewTextHandler(env.Log, nil)))
+		if err != nil {
+			return nil, err
+		}
+		defer st.close()
+		redisStore = st.store
+	}
 
 	urls, drop, err := scratchSchemas(ctx, env.DatabaseURL, "bench_http", 1, nil)
 	if err != nil {
@@ -175,11 +200,7 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	}
 
 	resp201 := &idempotency.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}}
-	variants := []struct {
-		name string
-		prep func(ctx context.Context) error
-		op   func(ctx context.Context) error
-	}{
+	variants := []benchVariant{
 		{name: "sql-two-step", op: func(ctx context.Context) error {
 			// Exactly what ModeTwoStep issues per request, each statement
 			// in its own implicit transaction: the claim, the handler's
@@ -215,11 +236,7 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	const replayKeys = 1000
 	replay := make([]string, replayKeys)
 	var replayNext atomic.Int64
-	variants = append(variants, struct {
-		name string
-		prep func(ctx context.Context) error
-		op   func(ctx context.Context) error
-	}{name: "replay", prep: func(ctx context.Context) error {
+	variants = append(variants, benchVariant{name: "replay", prep: func(ctx context.Context) error {
 		var wg sync.WaitGroup
 		errs := make([]error, clients)
 		for c := range clients {
@@ -235,13 +252,17 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	}, op: func(ctx context.Context) error {
 		return send(ctx, "/two-step/rows", replay[replayNext.Add(1)%replayKeys], http.StatusCreated)
 	}})
-	variants = append(variants, struct {
-		name string
-		prep func(ctx context.Context) error
-		op   func(ctx context.Context) error
-	}{name: "two-step-traced", op: func(ctx context.Context) error {
+	variants = append(variants, benchVariant{name: "two-step-traced", op: func(ctx context.Context) error {
 		return send(ctx, "/traced/rows", newKey(), http.StatusCreated)
 	}})
+
+	if withRedis {
+		rv, err := benchRedisVariants(redisStore, clients, mux, handler(false), store, scope, newKey, conns)
+		if err != nil {
+			return nil, err
+		}
+		variants = append(variants, rv...)
+	}
 
 	// The machine is shared: background load drifts. So the variants run
 	// interleaved, in rounds, each round giving every variant an equal
@@ -298,6 +319,68 @@ func (d *discardSpans) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlyS
 }
 
 func (d *discardSpans) Shutdown(context.Context) error { return nil }
+
+// benchVariant is one measured variant of a scenario: prep runs once
+// before the rounds, op once per operation.
+type benchVariant struct {
+	name string
+	prep func(ctx context.Context) error
+	op   func(ctx context.Context) error
+}
+
+// benchRedisVariants are redis-two-step, postgres-replay and
+// redis-replay, served by the same server on routes of their own:
+//
+//   - redis-two-step: the two-step middleware over the Redis store at spec,
+//     in front of the same handler as two-step (its row in PostgreSQL);
+//   - postgres-replay and redis-replay: repeats of completed keys with the
+//     middleware's in-process replay cache off, so that every replay reads
+//     its store (PostgreSQL, Redis); replay, with the cache on, measures
+//     the cache whatever the store.
+//
+// The Redis records expire after 10 minutes.
+func benchRedisVariants(rs idempotency.Store, clients int, mux *http.ServeMux, h http.Handler,
+	pg idempotency.Store, scope func(*http.Request) (string, error), newKey func() string, conns *benchConns) ([]benchVariant, error) {
+	for _, m := range []struct {
+		path  string
+		store idempotency.Store
+		cache int64
+	}{{"/redis/rows", rs, 0}, {"/redis-nocache/rows", rs, -1}, {"/pg-nocache/rows", pg, -1}} {
+		mw, err := idempotency.New(m.store, &idempotency.Config{Scope: scope, Retention: 10 * time.Minute, ReplayCacheBytes: m.cache})
+		if err != nil {
+			return nil, err
+		}
+		mux.Handle("POST "+m.path, mw.Wrap(h))
+	}
+	replayOf := func(name, path string) benchVariant {
+		const replayKeys = 1000
+		replay := make([]string, replayKeys)
+		var next atomic.Int64
+		return benchVariant{name: name, prep: func(ctx context.Context) error {
+			var wg sync.WaitGroup
+			errs := make([]error, clients)
+			for c := range clients {
+				wg.Go(func() {
+					for i := c; i < replayKeys && errs[c] == nil; i += clients {
+						replay[i] = newKey()
+						errs[c] = conns.post(ctx, path, replay[i], http.StatusCreated)
+					}
+				})
+			}
+			wg.Wait()
+			return errors.Join(errs...)
+		}, op: func(ctx context.Context) error {
+			return conns.post(ctx, path, replay[next.Add(1)%replayKeys], http.StatusCreated)
+		}}
+	}
+	return []benchVariant{
+		{name: "redis-two-step", op: func(ctx context.Context) error {
+			return conns.post(ctx, "/redis/rows", newKey(), http.StatusCreated)
+		}},
+		replayOf("postgres-replay", "/pg-nocache/rows"),
+		replayOf("redis-replay", "/redis-nocache/rows"),
+	}, nil
+}
 
 func uniqueRun() string {
 	var b [6]byte

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/idemkit/idem/internal/testdb"
@@ -16,6 +17,37 @@ import (
 // benchmark run, not for tests.
 func TestBenchHTTP(t *testing.T) {
 	t.Parallel()
+	benchHTTP(t, "postgres", []string{"sql-two-step", "two-step", "transactional", "replay", "two-step-traced"})
+}
+
+// TestBenchHTTPRedis: --store with a redis:// URL adds redis-two-step and
+// redis-replay, measured in the same run.
+func TestBenchHTTPRedis(t *testing.T) {
+	t.Parallel()
+	benchHTTP(t, redisTestURL(t), []string{"sql-two-step", "two-step", "transactional", "replay", "two-step-traced", "redis-two-step", "postgres-replay", "redis-replay"})
+}
+
+func TestBenchHTTPBadStore(t *testing.T) {
+	t.Parallel()
+	for store, want := range map[string]struct {
+		code int
+		text string
+	}{
+		"memory": {2, "--store"}, "mongodb://h/db": {2, "--store"}, "redis://127.0.0.1:6379/zero": {2, "invalid Redis URL"},
+		"redis://127.0.0.1:1/0?dial_timeout=1s": {1, "unreachable"},
+	} {
+		// Refused before PostgreSQL is touched: the database URL leads
+		// nowhere.
+		_, stderr, code := runIdem(t, nil, "bench", "http", "--store", store, "--seconds", "1", "--rounds", "1",
+			"--database-url", "postgres://postgres@127.0.0.1:1/x?connect_timeout=1")
+		if code != want.code || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, want.text) {
+			t.Errorf("--store %s: exit %d, stderr %q; want %d and one line with %q", store, code, stderr, want.code, want.text)
+		}
+	}
+}
+
+func benchHTTP(t *testing.T, store string, want []string) {
+	t.Helper()
 	sc := benchScenarios["http"]
 	if sc == nil {
 		t.Fatal("bench scenario http not registered")
@@ -23,7 +55,7 @@ func TestBenchHTTP(t *testing.T) {
 	seconds, clients, rounds := 1, 4, 1
 	env := &benchEnv{DatabaseURL: testdb.URL(), Log: io.Discard, Ints: map[string]*int{
 		"seconds": &seconds, "clients": &clients, "rounds": &rounds,
-	}}
+	}, Strings: map[string]*string{"store": &store}}
 	results, err := sc.Run(context.Background(), env)
 	if err != nil {
 		t.Fatalf("bench http: %v", err)
@@ -44,7 +76,6 @@ func TestBenchHTTP(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
 		t.Fatalf("--json output %q: %v", out.String(), err)
 	}
-	want := []string{"sql-two-step", "two-step", "transactional", "replay", "two-step-traced"}
 	if got.Scenario != "http" || len(got.Results) != len(want) {
 		t.Fatalf("output %s", out.String())
 	}

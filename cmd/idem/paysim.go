@@ -25,7 +25,8 @@ func init() {
 
 const paysimUsage = `Usage: idem paysim [--addr ADDR] [--fail-rate P] [--drop-rate P] [--decline-rate P] [--latency D] [--seed N]
                    [--max-ledger-entries N] [--max-ledger-bytes SIZE] [--max-conns N] [--max-header-bytes N]
-                   [--read-header-timeout D] [--read-timeout D] [--write-timeout D] [--idle-timeout D] [-v]
+                   [--read-header-timeout D] [--read-timeout D] [--write-timeout D] [--idle-timeout D]
+                   [--store memory|postgres|URL] [-v]
 
 Runs a payment provider that honours Idempotency-Key:
 
@@ -66,6 +67,14 @@ TOO_MANY_CONNECTIONS. A request's line and header are at most
 the whole request within --read-timeout, its answer within --write-timeout
 (plus --latency), which must therefore exceed --read-timeout; a keep-alive
 connection idle for --idle-timeout is closed.
+
+--store keeps the idempotency records of POST /charges in memory (the
+default), in PostgreSQL (postgres: DATABASE_URL, or a postgres:// URL; idem's
+tables are migrated up) or in Redis (redis: REDIS_URL, else
+127.0.0.1:6379/0, or a redis:// URL; keys under {paysim}: unless the URL has
+?prefix=). The ledger stays in memory: a shared store makes restarted or
+several simulators answer a known key alike. A Redis whose settings void the guarantee (no AOF, eviction) is
+warned about on stderr; one that cannot be reached is an error.
 
 It listens on 127.0.0.1:8090 by default. Any address that is not loopback is
 an explicit choice, and paysim warns about it on stderr. Prints "paysim
@@ -157,6 +166,7 @@ func runPaysim(ctx context.Context, args []string) error {
 	read := fs.Duration("read-timeout", hc.ReadTimeout, "bound of a whole request, body included (env PAYSIM_READ_TIMEOUT)")
 	write := fs.Duration("write-timeout", hc.WriteTimeout, "bound of an answer from the end of the request's header, plus --latency (env PAYSIM_WRITE_TIMEOUT)")
 	idle := fs.Duration("idle-timeout", hc.IdleTimeout, "a keep-alive connection idle this long is closed (env PAYSIM_IDLE_TIMEOUT)")
+	storeSpec := fs.String("store", cli.Env("PAYSIM_STORE", "memory"), "where POST /charges keeps its idempotency records: memory, postgres (DATABASE_URL), a postgres:// URL, redis (REDIS_URL, else 127.0.0.1:6379/0) or a redis:// URL (env PAYSIM_STORE)")
 	verbose := fs.Bool("v", false, "log every charge step to stderr")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -198,6 +208,12 @@ func runPaysim(ctx context.Context, args []string) error {
 	if tel.Tel != nil {
 		cfg.Hook, cfg.Wrap = tel.Tel.RequestHook(), tel.Tel.Handler
 	}
+	istore, err := openStore(ctx, *storeSpec, cli.DatabaseURL(), "{paysim}:", slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	if err != nil {
+		return err
+	}
+	defer istore.close()
+	cfg.Store = istore.store
 	sim, err := paysim.New(cfg)
 	if err != nil {
 		// Only flag values and PAYSIM_LEDGER_TOKEN can make the config

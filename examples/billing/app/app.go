@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idem/examples/billing/consumer"
 	"github.com/idemkit/idem/examples/billing/scheduler"
 	"github.com/idemkit/idem/examples/billing/usecase"
+	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/internal/httpserver"
 	"github.com/idemkit/idem/kafka"
 	"github.com/idemkit/idem/lifecycle"
@@ -243,6 +244,12 @@ type Config struct {
 	// message prefix is derived from it, so that two deployments sharing
 	// a database stay apart. Defaults to OutboxSlotDefault.
 	OutboxSlot string
+	// IdempotencyStore holds the HTTP API's idempotency records
+	// (IDEMPOTENCY_STORE): nil for PostgreSQL (Pool) in transactional
+	// mode, else that store (Redis) in two-step mode, see
+	// httpapi.Config.Store. The caller closes it after Run. Defaults to
+	// nil.
+	IdempotencyStore idempotency.Store
 	// Unsafe switches one protection off: UnsafeInbox, UnsafeFingerprint,
 	// UnsafeLease or UnsafePublish; for the chaos harness only. Defaults to "" (every
 	// protection on).
@@ -465,7 +472,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 
 		h, mw, err := httpapi.NewHandler(httpapi.Config{
-			DB: pool, Tokens: cfg.Tokens, Ready: g.ReadyHandler(), Metrics: metrics, MetricsHandler: apiMetrics, Logger: log, Hook: tele.request(),
+			DB: pool, Store: cfg.IdempotencyStore, Tokens: cfg.Tokens, Ready: g.ReadyHandler(), Metrics: metrics, MetricsHandler: apiMetrics, Logger: log, Hook: tele.request(),
 			UnsafeNoFingerprint: cfg.Unsafe == UnsafeFingerprint, UnsafeNoLease: cfg.Unsafe == UnsafeLease,
 			WALOutboxPrefix: walPrefixOf(cfg.OutboxMode, outboxSlot),
 		})

@@ -110,6 +110,10 @@ var ErrBadEvent = errors.New("billing: malformed event")
 type CreateOrder struct {
 	CustomerID   string `json:"customer_id"`
 	TotalKopecks int64  `json:"total_kopecks"`
+	// ID is the new order's id, fixed by the caller (derived from the
+	// request's idempotency key, so that a re-run of the request names the
+	// same order); never read from the body. Defaults to a new random id.
+	ID string `json:"-"`
 }
 
 // CreateOrderExec validates cmd and inserts a NEW order.
@@ -120,7 +124,10 @@ func CreateOrderExec(ctx context.Context, repo Repository, owner string, cmd Cre
 	if err := domain.ValidateAmount("total_kopecks", cmd.TotalKopecks); err != nil {
 		return domain.Order{}, err
 	}
-	o := domain.Order{ID: domain.NewID("ord"), Owner: owner, CustomerID: cmd.CustomerID, TotalKopecks: cmd.TotalKopecks, Status: domain.OrderNew}
+	if cmd.ID == "" {
+		cmd.ID = domain.NewID("ord")
+	}
+	o := domain.Order{ID: cmd.ID, Owner: owner, CustomerID: cmd.CustomerID, TotalKopecks: cmd.TotalKopecks, Status: domain.OrderNew}
 	if err := repo.InsertOrder(ctx, o); err != nil {
 		return domain.Order{}, err
 	}
@@ -184,6 +191,9 @@ type CreatePayment struct {
 	OrderID       string `json:"order_id"`
 	CustomerID    string `json:"customer_id"`
 	AmountKopecks int64  `json:"amount_kopecks"`
+	// ID is the new payment's id, as CreateOrder.ID. Defaults to a new
+	// random id.
+	ID string `json:"-"`
 }
 
 // CreatePaymentExec records a PENDING payment for an order of owner's and,
@@ -222,7 +232,10 @@ func CreatePaymentExec(ctx context.Context, repo Repository, owner string, cmd C
 	if err := domain.CheckPayment(o, cmd.CustomerID, cmd.AmountKopecks, paid); err != nil {
 		return domain.Payment{}, err
 	}
-	p := domain.Payment{ID: domain.NewID("pay"), Owner: owner, OrderID: o.ID, CustomerID: cmd.CustomerID, AmountKopecks: cmd.AmountKopecks, Status: domain.PaymentPending}
+	if cmd.ID == "" {
+		cmd.ID = domain.NewID("pay")
+	}
+	p := domain.Payment{ID: cmd.ID, Owner: owner, OrderID: o.ID, CustomerID: cmd.CustomerID, AmountKopecks: cmd.AmountKopecks, Status: domain.PaymentPending}
 	if err := repo.InsertPayment(ctx, p); err != nil {
 		return domain.Payment{}, err
 	}

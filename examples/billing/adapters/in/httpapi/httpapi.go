@@ -1,7 +1,9 @@
 // Package httpapi is billing's inbound HTTP adapter: the API of
 // docs/contracts.md behind bearer-token principals, every POST behind the
 // idempotency middleware in transactional mode (the handler's writes and
-// its outbox events commit with the idempotency record), errors as
+// its outbox events commit with the idempotency record) or, over another
+// store such as Redis (Config.Store), in two-step mode with each POST
+// marked in its own transaction so that a re-run is harmless, errors as
 // problem+json, and /healthz, /readyz, /metrics (served by
 // internal/httpserver's bounded server). docs/security.md lists every
 // limit.
@@ -11,6 +13,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,6 +32,7 @@ import (
 	"github.com/idemkit/idem/examples/billing/domain"
 	"github.com/idemkit/idem/examples/billing/usecase"
 	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/problem"
 	"github.com/idemkit/idem/outbox"
 )
@@ -172,6 +176,15 @@ type Config struct {
 	// Defaults to nil.
 	Hook func(ctx context.Context, e idempotency.Event) context.Context
 
+	// Store holds the idempotency records. Nil means PostgreSQL (DB) in
+	// transactional mode: a POST's writes, its outbox events and its
+	// stored answer commit together. Any other store (Redis: IDEMPOTENCY_STORE)
+	// runs the middleware in two-step mode, where a POST commits its own
+	// transaction before the store completes the key: see runTwoStep for
+	// how a re-run of a POST whose completion was lost stays harmless.
+	// Defaults to nil.
+	Store idempotency.Store
+
 	// UnsafeNoFingerprint switches the request fingerprint check off (the
 	// chaos harness's BILLING_UNSAFE=fingerprint): the fingerprint covers
 	// no body member, so a key reused with another amount replays the first
@@ -232,6 +245,9 @@ type api struct {
 	// ownTx: POST handlers run their own transaction instead of the
 	// middleware's (UnsafeNoLease).
 	ownTx bool
+	// twoStep: the store is not PostgreSQL's transactional one (Config.Store):
+	// POST handlers run runTwoStep.
+	twoStep bool
 }
 
 // NewHandler returns the billing API and the idempotency middleware (whose
@@ -258,14 +274,19 @@ func NewHandler(cfg Config) (http.Handler, *idempotency.Middleware, error) {
 	if cfg.UnsafeNoFingerprint {
 		icfg.FingerprintFields = []string{unsafeNoSuchMember}
 	}
+	var store idempotency.Store = idempotency.NewPostgresStore(cfg.DB)
+	if cfg.Store != nil {
+		store = cfg.Store
+		icfg.Mode = idempotency.ModeTwoStep
+	}
 	if cfg.UnsafeNoLease {
 		noLeaseConfig(icfg)
 	}
-	mw, err := idempotency.New(idempotency.NewPostgresStore(cfg.DB), icfg)
+	mw, err := idempotency.New(store, icfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	a := &api{db: cfg.DB, log: log, ownTx: cfg.UnsafeNoLease}
+	a := &api{db: cfg.DB, log: log, ownTx: cfg.UnsafeNoLease, twoStep: cfg.Store != nil}
 	auth := authenticate(cfg.Tokens)
 	post := func(h http.HandlerFunc) http.Handler { return auth(mw.Wrap(h)) }
 
@@ -521,8 +542,14 @@ func (a *api) createOrder(w http.ResponseWriter, r *http.Request) {
 	if !a.body(w, r, &cmd) {
 		return
 	}
+	op := a.operation(r)
+	if op != "" {
+		cmd.ID = "ord_" + op[:20]
+	}
 	a.run(w, r, http.StatusCreated, func(ctx context.Context, repo usecase.Repository, owner string) (any, error) {
 		return usecase.CreateOrderExec(ctx, repo, owner, cmd)
+	}, op, func(ctx context.Context, repo usecase.Repository, owner string) (any, error) {
+		return usecase.GetOrderExec(ctx, repo, owner, cmd.ID)
 	})
 }
 
@@ -530,6 +557,8 @@ func (a *api) confirmOrder(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	a.run(w, r, http.StatusOK, func(ctx context.Context, repo usecase.Repository, owner string) (any, error) {
 		return usecase.ConfirmOrderExec(ctx, repo, owner, id)
+	}, a.operation(r), func(ctx context.Context, repo usecase.Repository, owner string) (any, error) {
+		return usecase.GetOrderExec(ctx, repo, owner, id)
 	})
 }
 
@@ -538,30 +567,70 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	if !a.body(w, r, &cmd) {
 		return
 	}
+	op := a.operation(r)
+	if op != "" {
+		cmd.ID = "pay_" + op[:20]
+	}
 	a.run(w, r, http.StatusCreated, func(ctx context.Context, repo usecase.Repository, owner string) (any, error) {
 		return usecase.CreatePaymentExec(ctx, repo, owner, cmd)
+	}, op, func(ctx context.Context, repo usecase.Repository, owner string) (any, error) {
+		return usecase.GetPaymentExec(ctx, repo, owner, cmd.ID)
 	})
+}
+
+// HTTPOperationsConsumer is the processed_event consumer id under which
+// two-step mode marks the POSTs it has run (runTwoStep).
+const HTTPOperationsConsumer = "billing-http"
+
+// operation names a POST in two-step mode: the hex of a hash of the
+// principal, the method, the route, the path (with its query: one key sent
+// to the confirms of two orders names two operations, as the middleware's
+// fingerprint tells them apart) and the Idempotency-Key, so that every run
+// of one request (a retry after a lost completion) gets the same name, and
+// two requests never do. "" in transactional mode, where nothing needs it.
+// The middleware has checked the key before the handler runs.
+func (a *api) operation(r *http.Request) string {
+	if !a.twoStep || a.ownTx {
+		return ""
+	}
+	owner, _ := principalOf(r.Context())
+	key, err := idem.ParseKey(r.Header.Get(idem.HeaderKey))
+	if err != nil {
+		return ""
+	}
+	h := idempotency.HashKey("billing-operation\x00"+owner, r.Method, r.Pattern+"\x00"+r.URL.EscapedPath()+"?"+r.URL.RawQuery, key)
+	return hex.EncodeToString(h[:])
 }
 
 func (a *api) getOrder(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	a.run(w, r, http.StatusOK, func(ctx context.Context, repo usecase.Repository, owner string) (any, error) {
 		return usecase.GetOrderExec(ctx, repo, owner, id)
-	})
+	}, "", nil)
 }
 
 func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	a.run(w, r, http.StatusOK, func(ctx context.Context, repo usecase.Repository, owner string) (any, error) {
 		return usecase.GetPaymentExec(ctx, repo, owner, id)
-	})
+	}, "", nil)
 }
 
-// run executes a use case and writes its result or its problem.
-func (a *api) run(w http.ResponseWriter, r *http.Request, okStatus int, uc func(context.Context, usecase.Repository, string) (any, error)) {
+// useCase is one route's work on a repository, for a principal.
+type useCase func(ctx context.Context, repo usecase.Repository, owner string) (any, error)
+
+// run executes a use case and writes its result or its problem. A POST
+// passes its operation name (a.operation) and again, which reads what the
+// operation made, for two-step mode (runTwoStep); a read passes "" and
+// nil.
+func (a *api) run(w http.ResponseWriter, r *http.Request, okStatus int, uc useCase, op string, again useCase) {
 	owner, _ := principalOf(r.Context())
 	if a.ownTx && !isRead(r) {
 		a.runOwnTx(w, r, okStatus, owner, uc)
+		return
+	}
+	if a.twoStep && !isRead(r) {
+		a.runTwoStep(w, r, okStatus, owner, op, uc, again)
 		return
 	}
 	repo, ok := a.repo(r)
@@ -580,10 +649,62 @@ func (a *api) run(w http.ResponseWriter, r *http.Request, okStatus int, uc func(
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// runTwoStep runs a POST in two-step mode (a store other than
+// PostgreSQL's, Config.Store): the middleware claimed the key in that
+// store, the use case commits its own transaction here, and the middleware
+// then completes the key with the answer. Those are two commits in two
+// systems, so:
+//
+//  1. a crash (or a lost store) after this commit and before the
+//     completion leaves the key unanswered: the client's retry, once the
+//     lease has run out, runs the handler again;
+//  2. so the transaction first marks the operation (op: principal, route
+//     and key) in processed_event, and the ids it creates are derived
+//     from op, not drawn at random;
+//  3. a re-run finds its mark (the insert waits on a concurrent first run's
+//     commit and then sees it) and does nothing again: again reads what
+//     the first run made (the order or payment of the derived id, the
+//     confirmed order) and answers it, so no second order, payment,
+//     outbox event or charge is possible.
+//
+// A refusal rolls its mark back with everything else: a re-run decides
+// afresh. What a re-run cannot do is answer exactly what the lost answer
+// said: it answers the resource as it is now (a CONFIRMED order, say),
+// and a key reused with another body after the record was lost gets that
+// resource rather than IDEMPOTENCY_KEY_REUSED.
+func (a *api) runTwoStep(w http.ResponseWriter, r *http.Request, okStatus int, owner, op string, uc, again useCase) {
+	if op == "" || again == nil {
+		a.log.Error("billing: two-step POST without an operation name", "path", problem.Clip(r.URL.Path, 100))
+		problem.Write(w, http.StatusInternalServerError, CodeInternal, "internal error")
+		return
+	}
+	ctx := r.Context()
+	var v any
+	err := pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
+		first, err := inbox.MarkProcessedTx(ctx, tx, HTTPOperationsConsumer, op)
+		if err != nil {
+			return err
+		}
+		if first {
+			v, err = uc(ctx, postgres.New(tx), owner)
+		} else {
+			v, err = again(ctx, postgres.New(tx), owner)
+		}
+		return err
+	})
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(okStatus)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
 // runOwnTx is run for UnsafeNoLease: the use case in its own transaction,
 // committed before the answer, on a context detached from the (zero)
 // lease's deadline.
-func (a *api) runOwnTx(w http.ResponseWriter, r *http.Request, okStatus int, owner string, uc func(context.Context, usecase.Repository, string) (any, error)) {
+func (a *api) runOwnTx(w http.ResponseWriter, r *http.Request, okStatus int, owner string, uc useCase) {
 	var v any
 	ctx := context.WithoutCancel(r.Context())
 	err := pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
