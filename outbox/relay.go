@@ -254,8 +254,15 @@ func (r *Relay) batchAtLeastOnce(ctx context.Context) (b result) {
 			}
 		}
 	}
-	// Events held back behind a failure of their aggregate stay PENDING,
-	// untouched: the failed event's backoff keeps them waiting.
+	// Events held back behind a failure of their aggregate stay PENDING:
+	// the failed event's backoff keeps them waiting, and the block takes
+	// them (and the aggregate's later events) out of the claim's index.
+	if block, release := settlement(events, &b.o); !block.empty() || !release.empty() {
+		if err := settle(ctx, q, block, release); err != nil {
+			b.err = err
+			return b
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		// Published but not marked: the batch will be published again.
 		b.err = fmt.Errorf("outbox: commit: %w", err)
@@ -322,6 +329,7 @@ func (r *Relay) batchTwoPhase(ctx context.Context) (b result) {
 		marked += n
 	}
 	var dead []int64
+	block, release := settlement(events, &b.o)
 	if len(b.o.failed)+len(b.o.held) > 0 {
 		p := r.failParams(events, b.o)
 		counted := make([]bool, len(p.ids))
@@ -335,19 +343,27 @@ func (r *Relay) batchTwoPhase(ctx context.Context) (b result) {
 			p.errs = append(p.errs, "")
 			p.delays = append(p.delays, 0)
 		}
-		rows, err := r.q.MarkFailedLease(ctx, dbsqlc.MarkFailedLeaseParams{
+		failed, err := r.markFailedLease(ctx, dbsqlc.MarkFailedLeaseParams{
 			MaxAttempts: int32(r.cfg.MaxAttempts), Token: token,
 			Ids: p.ids, Errs: p.errs, DelaysMs: p.delays, Counted: counted,
-		})
+		}, block, release)
 		if err != nil {
-			b.err = fmt.Errorf("outbox: mark failed: %w", err)
+			b.err = err
 			return b
 		}
-		marked += int64(len(rows))
-		for _, m := range rows {
+		marked += int64(len(failed))
+		for _, m := range failed {
 			if m.Dead {
 				dead = append(dead, m.ID)
 			}
+		}
+	} else if !release.empty() {
+		if err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+			return settle(ctx, r.q.WithTx(tx), aggSeqs{}, release)
+		}); err != nil {
+			// The events are marked; the sweep releases the aggregate.
+			b.err = err
+			return b
 		}
 	}
 	r.emitDead(ctx, events, dead)
@@ -385,6 +401,30 @@ func (r *Relay) claimLease(ctx context.Context, token int64) ([]dbsqlc.ClaimLeas
 		return nil, err
 	}
 	return rows, tx.Commit(ctx)
+}
+
+// markFailedLease runs MarkFailedLease; with aggregates to block or
+// release, in one transaction with settle, so that no other relay can
+// claim a failed event (still PUBLISHING under this lease until the
+// commit) and deliver it before its aggregate is recorded as blocked.
+func (r *Relay) markFailedLease(ctx context.Context, p dbsqlc.MarkFailedLeaseParams, block, release aggSeqs) ([]dbsqlc.MarkFailedLeaseRow, error) {
+	if block.empty() && release.empty() {
+		rows, err := r.q.MarkFailedLease(ctx, p)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: mark failed: %w", err)
+		}
+		return rows, nil
+	}
+	var rows []dbsqlc.MarkFailedLeaseRow
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		q := r.q.WithTx(tx)
+		var err error
+		if rows, err = q.MarkFailedLease(ctx, p); err != nil {
+			return fmt.Errorf("outbox: mark failed: %w", err)
+		}
+		return settle(ctx, q, block, release)
+	})
+	return rows, err
 }
 
 type failParams struct {

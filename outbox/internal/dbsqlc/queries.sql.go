@@ -11,11 +11,48 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const blockAggregates = `-- name: BlockAggregates :exec
+WITH u AS (
+    SELECT unnest($1::text[]) AS t, unnest($2::text[]) AS i,
+           unnest($3::bigint[]) AS s
+),
+live AS (
+    SELECT u.t, u.i, u.s FROM u
+    WHERE EXISTS (SELECT 1 FROM outbox_event b
+                  WHERE b.aggregate_type = u.t AND b.aggregate_id = u.i AND b.aggregate_seq = u.s
+                    AND b.published_at IS NULL)
+),
+agg AS (
+    UPDATE outbox_aggregate a SET blocked = true
+    FROM live
+    WHERE a.aggregate_type = live.t AND a.aggregate_id = live.i AND NOT a.blocked
+    RETURNING a.aggregate_type
+)
+UPDATE outbox_event e SET held = true
+FROM live
+WHERE e.aggregate_type = live.t AND e.aggregate_id = live.i AND e.aggregate_seq >= live.s
+  AND e.published_at IS NULL AND NOT e.held
+  AND (e.aggregate_seq > live.s OR e.status = 'DEAD')
+`
+
+type BlockAggregatesParams struct {
+	AggregateTypes []string
+	AggregateIds   []string
+	Seqs           []int64
+}
+
+// BlockAggregates holds, of each aggregate, the events after seq (and the
+// event at seq if DEAD), unless that event was published meanwhile.
+func (q *Queries) BlockAggregates(ctx context.Context, arg BlockAggregatesParams) error {
+	_, err := q.db.Exec(ctx, blockAggregates, arg.AggregateTypes, arg.AggregateIds, arg.Seqs)
+	return err
+}
+
 const claimLease = `-- name: ClaimLease :many
 WITH heads AS (
     SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
     FROM outbox_event o
-    WHERE o.published_at IS NULL AND o.status = 'PENDING' AND o.available_at <= now()
+    WHERE o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
@@ -53,7 +90,7 @@ claim AS (
 )
 UPDATE outbox_event e
 SET status = 'PUBLISHING', lease_owner = $1::text, lease_token = $2::bigint,
-    locked_at = now(), attempts = e.attempts + 1
+    locked_at = now(), attempts = e.attempts + 1, held = false
 WHERE e.id IN (SELECT claim.id FROM claim)
 RETURNING e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
           e.payload, e.headers, e.attempts, e.created_at
@@ -124,7 +161,7 @@ const claimLocked = `-- name: ClaimLocked :many
 WITH heads AS (
     SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
     FROM outbox_event o
-    WHERE o.published_at IS NULL AND o.status = 'PENDING' AND o.available_at <= now()
+    WHERE o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
@@ -195,6 +232,11 @@ type ClaimLockedRow struct {
 // events of one aggregate without ever skipping one. The head test reads a
 // snapshot that may be stale, but staleness only makes it stricter:
 // an event never goes from PUBLISHED back to unpublished.
+//
+// The scan reads outbox_event_claim_idx: unpublished rows that are not
+// held. Events behind a DEAD or failing event of their aggregate (and the
+// DEAD event) are held, so they cost the claim nothing; the predecessor
+// check does not trust held, so a stale held flag can only delay an event.
 func (q *Queries) ClaimLocked(ctx context.Context, batchSize int32) ([]ClaimLockedRow, error) {
 	rows, err := q.db.Query(ctx, claimLocked, batchSize)
 	if err != nil {
@@ -301,12 +343,12 @@ bumped AS (
     SELECT c.aggregate_type, c.aggregate_id, c.n FROM counts c
     ORDER BY c.aggregate_type, c.aggregate_id
     ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = a.last_seq + EXCLUDED.last_seq
-    RETURNING a.aggregate_type, a.aggregate_id, a.last_seq
+    RETURNING a.aggregate_type, a.aggregate_id, a.last_seq, a.blocked
 )
-INSERT INTO outbox_event (topic, aggregate_type, aggregate_id, aggregate_seq, event_id, event_type, payload, headers)
+INSERT INTO outbox_event (topic, aggregate_type, aggregate_id, aggregate_seq, event_id, event_type, payload, headers, held)
 SELECT i.topic, i.aggregate_type, i.aggregate_id,
        b.last_seq - c.n + row_number() OVER (PARTITION BY i.aggregate_type, i.aggregate_id ORDER BY i.ord),
-       i.event_id, i.event_type, i.payload, i.headers::jsonb
+       i.event_id, i.event_type, i.payload, i.headers::jsonb, b.blocked
 FROM input i
 JOIN counts c ON c.aggregate_type = i.aggregate_type AND c.aggregate_id = i.aggregate_id
 JOIN bumped b ON b.aggregate_type = i.aggregate_type AND b.aggregate_id = i.aggregate_id
@@ -336,7 +378,11 @@ type EnqueueRow struct {
 // waits there, then numbers its events after the first ones (or reuses
 // the numbers if the first rolled back). Sequence order is therefore
 // commit order, with no gaps. Aggregates are locked in sorted order so that
-// two multi-aggregate enqueues cannot deadlock each other.
+// two multi-aggregate enqueues cannot deadlock each other. The counter row
+// also says whether the aggregate is blocked (a failed event waits): the
+// upsert returns its latest version, read under the lock, so a new event
+// of a blocked aggregate is written held, and one written after the
+// release is not (see BlockAggregates).
 func (q *Queries) Enqueue(ctx context.Context, arg EnqueueParams) ([]EnqueueRow, error) {
 	rows, err := q.db.Query(ctx, enqueue,
 		arg.Topics,
@@ -363,6 +409,38 @@ func (q *Queries) Enqueue(ctx context.Context, arg EnqueueParams) ([]EnqueueRow,
 		return nil, err
 	}
 	return items, nil
+}
+
+const lockAggregates = `-- name: LockAggregates :exec
+SELECT 1 FROM outbox_aggregate a
+JOIN (SELECT unnest($1::text[]) AS t, unnest($2::text[]) AS i) u
+  ON a.aggregate_type = u.t AND a.aggregate_id = u.i
+ORDER BY a.aggregate_type, a.aggregate_id
+FOR UPDATE OF a
+`
+
+type LockAggregatesParams struct {
+	AggregateTypes []string
+	AggregateIds   []string
+}
+
+// Blocked aggregates. An aggregate is blocked while its first unpublished
+// event has failed (DEAD, or PENDING in its backoff): its later events are
+// held, out of the claim's index, and so is a DEAD event. The truth is
+// outbox_aggregate.blocked, changed only under the counter row's lock,
+// which EnqueueTx takes too; every change is two statements in one
+// transaction, LockAggregates first, so that the second statement's
+// snapshot, taken after the lock was granted, sees every event committed
+// by an enqueue that read the old flag, and every later enqueue waits for
+// the commit and reads the new one:
+//  1. BlockAggregates (a relay, in the transaction that records the
+//     failure): blocked, and the events after the failed one held;
+//  2. ReleaseAggregates (a relay, when an event that had failed before is
+//     delivered; Requeue; the sweep): not blocked, the events after the
+//     given sequence released, DEAD ones excepted.
+func (q *Queries) LockAggregates(ctx context.Context, arg LockAggregatesParams) error {
+	_, err := q.db.Exec(ctx, lockAggregates, arg.AggregateTypes, arg.AggregateIds)
+	return err
 }
 
 const markFailedLease = `-- name: MarkFailedLease :many
@@ -509,6 +587,46 @@ func (q *Queries) MarkPublishedLocked(ctx context.Context, ids []int64) (int64, 
 	return result.RowsAffected(), nil
 }
 
+const orphanBlocked = `-- name: OrphanBlocked :many
+SELECT a.aggregate_type, a.aggregate_id FROM outbox_aggregate a
+WHERE a.blocked
+  AND NOT EXISTS (SELECT 1 FROM outbox_event e
+                  WHERE e.aggregate_type = a.aggregate_type AND e.aggregate_id = a.aggregate_id
+                    AND e.published_at IS NULL AND (e.status = 'DEAD' OR e.attempts > 0))
+ORDER BY a.aggregate_type, a.aggregate_id
+LIMIT $1::int
+FOR UPDATE OF a SKIP LOCKED
+`
+
+type OrphanBlockedRow struct {
+	AggregateType string
+	AggregateID   string
+}
+
+// OrphanBlocked locks blocked aggregates that have no failed event left
+// (whatever removed it: a publish whose release was lost in a crash, a
+// row deleted by hand), for the sweep to release. Locked ones are skipped:
+// a relay or an enqueue is at them.
+func (q *Queries) OrphanBlocked(ctx context.Context, maxRows int32) ([]OrphanBlockedRow, error) {
+	rows, err := q.db.Query(ctx, orphanBlocked, maxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []OrphanBlockedRow
+	for rows.Next() {
+		var i OrphanBlockedRow
+		if err := rows.Scan(&i.AggregateType, &i.AggregateID); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const purgePublished = `-- name: PurgePublished :execrows
 DELETE FROM outbox_event
 WHERE id IN (
@@ -537,7 +655,7 @@ UPDATE outbox_event
 SET status = CASE WHEN attempts >= $1::int THEN 'DEAD' ELSE 'PENDING' END,
     last_error = 'outbox: lease of ' || coalesce(lease_owner, '?') || ' expired',
     lease_owner = NULL, lease_token = NULL, locked_at = NULL
-WHERE published_at IS NULL AND status = 'PUBLISHING'
+WHERE published_at IS NULL AND NOT held AND status = 'PUBLISHING'
   AND locked_at < now() - $2::bigint * interval '1 millisecond'
 RETURNING id, event_id, event_type, topic, aggregate_type, aggregate_id, aggregate_seq, attempts,
           (status = 'DEAD')::bool AS dead
@@ -562,6 +680,8 @@ type ReapLeasesRow struct {
 
 // ReapLeases returns expired leases to PENDING with attempts preserved, or
 // to DEAD when the attempts are used up, and returns the rows it changed.
+// A PUBLISHING row is never held (ClaimLease clears it), so the claim's
+// index has them all.
 func (q *Queries) ReapLeases(ctx context.Context, arg ReapLeasesParams) ([]ReapLeasesRow, error) {
 	rows, err := q.db.Query(ctx, reapLeases, arg.MaxAttempts, arg.TtlMs)
 	if err != nil {
@@ -592,18 +712,65 @@ func (q *Queries) ReapLeases(ctx context.Context, arg ReapLeasesParams) ([]ReapL
 	return items, nil
 }
 
-const requeue = `-- name: Requeue :execrows
-UPDATE outbox_event
-SET status = 'PENDING', attempts = 0, available_at = now()
-WHERE event_id = ANY($1::text[]) AND status = 'DEAD'
+const releaseAggregates = `-- name: ReleaseAggregates :exec
+WITH u AS (
+    SELECT unnest($1::text[]) AS t, unnest($2::text[]) AS i,
+           unnest($3::bigint[]) AS s
+),
+agg AS (
+    UPDATE outbox_aggregate a SET blocked = false
+    FROM u
+    WHERE a.aggregate_type = u.t AND a.aggregate_id = u.i AND a.blocked
+    RETURNING a.aggregate_type
+)
+UPDATE outbox_event e SET held = false
+FROM u
+WHERE e.aggregate_type = u.t AND e.aggregate_id = u.i AND e.aggregate_seq > u.s
+  AND e.held AND e.published_at IS NULL AND e.status <> 'DEAD'
 `
 
-func (q *Queries) Requeue(ctx context.Context, eventIds []string) (int64, error) {
-	result, err := q.db.Exec(ctx, requeue, eventIds)
+type ReleaseAggregatesParams struct {
+	AggregateTypes []string
+	AggregateIds   []string
+	Seqs           []int64
+}
+
+func (q *Queries) ReleaseAggregates(ctx context.Context, arg ReleaseAggregatesParams) error {
+	_, err := q.db.Exec(ctx, releaseAggregates, arg.AggregateTypes, arg.AggregateIds, arg.Seqs)
+	return err
+}
+
+const requeue = `-- name: Requeue :many
+UPDATE outbox_event
+SET status = 'PENDING', attempts = 0, available_at = now(), held = false
+WHERE event_id = ANY($1::text[]) AND status = 'DEAD'
+RETURNING aggregate_type, aggregate_id, aggregate_seq
+`
+
+type RequeueRow struct {
+	AggregateType string
+	AggregateID   string
+	AggregateSeq  int64
+}
+
+func (q *Queries) Requeue(ctx context.Context, eventIds []string) ([]RequeueRow, error) {
+	rows, err := q.db.Query(ctx, requeue, eventIds)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
+	defer rows.Close()
+	var items []RequeueRow
+	for rows.Next() {
+		var i RequeueRow
+		if err := rows.Scan(&i.AggregateType, &i.AggregateID, &i.AggregateSeq); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const status = `-- name: Status :one
