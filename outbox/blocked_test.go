@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/migrate"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -274,5 +276,89 @@ func TestHeldEventsFollowBlockedAggregate(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Migration 004 on a table with history: reverted to version 3, rows in
+// every state are written, and the up migration blocks the aggregates
+// with a failed event and holds what is behind it (and DEAD events);
+// down restores version 3's index and columns.
+func TestMigrationHeldBackfillAndDown(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, testdb.Empty())
+	ctx := context.Background()
+	if _, err := migrate.Up(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	for v, err := migrate.Down(ctx, db.Pool); v != 4; v, err = migrate.Down(ctx, db.Pool) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	exists := func(name string) bool {
+		var ok bool
+		if err := db.Pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", name).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !exists("outbox_event_unpublished_idx") || exists("outbox_event_claim_idx") {
+		t.Fatal("down did not restore version 3's index")
+	}
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO outbox_aggregate (aggregate_type, aggregate_id, last_seq) VALUES ('o', 'd', 3), ('o', 'f', 2), ('o', 'ok', 2);
+		INSERT INTO outbox_event (topic, aggregate_type, aggregate_id, aggregate_seq, event_id, event_type, payload, status, attempts, published_at) VALUES
+		  ('t', 'o', 'd', 1, 'd-1', 'E', '', 'PUBLISHED', 1, now()),
+		  ('t', 'o', 'd', 2, 'd-2', 'E', '', 'DEAD', 10, NULL),
+		  ('t', 'o', 'd', 3, 'd-3', 'E', '', 'PENDING', 0, NULL),
+		  ('t', 'o', 'f', 1, 'f-1', 'E', '', 'PENDING', 2, NULL),
+		  ('t', 'o', 'f', 2, 'f-2', 'E', '', 'PENDING', 0, NULL),
+		  ('t', 'o', 'ok', 1, 'ok-1', 'E', '', 'PUBLISHED', 1, now()),
+		  ('t', 'o', 'ok', 2, 'ok-2', 'E', '', 'PENDING', 0, NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrate.Up(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	if exists("outbox_event_unpublished_idx") || !exists("outbox_event_claim_idx") {
+		t.Fatal("up did not replace the unpublished index by the claim index")
+	}
+	held := map[string]bool{}
+	rows, err := db.Pool.Query(ctx, "SELECT event_id, held FROM outbox_event")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		var h bool
+		if err := rows.Scan(&id, &h); err != nil {
+			t.Fatal(err)
+		}
+		held[id] = h
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"d-1": false, "d-2": true, "d-3": true, "f-1": false, "f-2": true, "ok-1": false, "ok-2": false}
+	if !maps.Equal(held, want) {
+		t.Errorf("held %v, want %v", held, want)
+	}
+	var blocked []string
+	if err := db.Pool.QueryRow(ctx, "SELECT array_agg(aggregate_id ORDER BY aggregate_id) FROM outbox_aggregate WHERE blocked").Scan(&blocked); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(blocked, []string{"d", "f"}) {
+		t.Errorf("blocked %v, want [d f]", blocked)
+	}
+	if v, err := migrate.Down(ctx, db.Pool); err != nil || v != 4 {
+		t.Fatalf("down: %d, %v", v, err)
+	}
+	var cols int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns
+		WHERE table_schema = current_schema() AND column_name IN ('held', 'blocked')`).Scan(&cols); err != nil {
+		t.Fatal(err)
+	}
+	if cols != 0 || !exists("outbox_event_unpublished_idx") {
+		t.Errorf("down left %d of the new columns, unpublished index %v", cols, exists("outbox_event_unpublished_idx"))
 	}
 }
