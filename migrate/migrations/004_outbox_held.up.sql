@@ -44,7 +44,8 @@ WHERE e.aggregate_type = b.aggregate_type AND e.aggregate_id = b.aggregate_id AN
 -- The claim's index: unpublished rows that are not held. It replaces
 -- outbox_event_unpublished_idx (every unpublished row), which let DEAD and
 -- held rows into every claim's scan; the lease reaper reads PUBLISHING
--- rows, never held, through it too. held is not set by the two-phase claim
--- (PENDING → PUBLISHING keeps it), so that claim stays a HOT update.
+-- rows, never held (the two-phase claim clears held), through it too. For
+-- a row that is not held that changes nothing, so the two-phase claim
+-- stays a HOT update.
 CREATE INDEX outbox_event_claim_idx ON outbox_event (id) WHERE published_at IS NULL AND NOT held;
 DROP INDEX outbox_event_unpublished_idx;
