@@ -199,7 +199,7 @@ func runBenchRelay(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		}
 		switch name {
 		case "backlog":
-			if err := benchRelaySeedBlocked(ctx, pool, blocked, blockedAggs, batchSize, quiet); err != nil {
+			if err := benchRelaySeedBlocked(ctx, pool, blocked, blockedAggs, quiet); err != nil {
 				return nil, fmt.Errorf("%s: seed blocked: %w", name, err)
 			}
 		case "retained":
@@ -342,13 +342,13 @@ func benchRelaySeed(ctx context.Context, pool *pgxpool.Pool, prefix string, n, a
 }
 
 // benchRelaySeedBlocked leaves n events blocked on aggregates aggregates
-// ("blk-…"), the way a relay leaves them: their heads are enqueued and
-// handed to a relay whose publisher fails every event, with one attempt
-// allowed for the first half of the aggregates (their heads go DEAD) and
-// with an hour's backoff for the second half; then the rest of each
-// aggregate's events are enqueued behind them. The blocked rows get lower
-// ids than the ready load, so an id-ordered scan meets them first.
-func benchRelaySeedBlocked(ctx context.Context, pool *pgxpool.Pool, n, aggregates, batchSize int, quiet *slog.Logger) error {
+// ("blk-…"), the way a relay leaves them: the events are written, then
+// their heads are handed to a relay whose publisher fails every event,
+// with one attempt allowed for the first half of the aggregates (their
+// heads go DEAD) and with a backoff of a day for the second half. The
+// blocked rows get lower ids than the ready load, so an id-ordered scan
+// meets them first.
+func benchRelaySeedBlocked(ctx context.Context, pool *pgxpool.Pool, n, aggregates int, quiet *slog.Logger) error {
 	if n == 0 {
 		return nil
 	}
@@ -359,47 +359,31 @@ func benchRelaySeedBlocked(ctx context.Context, pool *pgxpool.Pool, n, aggregate
 		cfg    outbox.RelayConfig
 	}{
 		{"blk-dead-", dead, outbox.RelayConfig{MaxAttempts: 1}},
-		{"blk-wait-", aggregates - dead, outbox.RelayConfig{MaxAttempts: 100, BackoffMin: time.Hour, BackoffMax: 2 * time.Hour}},
+		{"blk-wait-", aggregates - dead, outbox.RelayConfig{MaxAttempts: 100, BackoffMin: 24 * time.Hour, BackoffMax: 48 * time.Hour}},
 	} {
 		if part.aggs == 0 {
 			continue
 		}
-		if err := benchRelaySeed(ctx, pool, part.prefix, part.aggs, part.aggs, 0); err != nil {
+		if err := benchRelaySeed(ctx, pool, part.prefix, n*part.aggs/aggregates, part.aggs, 0); err != nil {
 			return err
 		}
+		// A batch of exactly as many events as there are heads claims the
+		// heads and no run behind them.
 		cfg := part.cfg
-		cfg.BatchSize, cfg.DisableNotify, cfg.Logger = max(batchSize, part.aggs), true, quiet
+		cfg.BatchSize, cfg.DisableNotify, cfg.Logger = part.aggs, true, quiet
 		r, err := outbox.NewRelay(pool, benchFailPublisher{}, &cfg)
 		if err != nil {
 			return err
 		}
-		for failed := 0; failed < part.aggs; {
-			k, _ := r.RunBatch(ctx) // every event fails: the error is the point
-			if k == 0 {
-				return fmt.Errorf("blocked heads: only %d of %d failed", failed, part.aggs)
-			}
-			failed += k
+		if k, _ := r.RunBatch(ctx); k != part.aggs { // every event fails: the error is the point
+			return fmt.Errorf("blocked heads: %d of %d failed", k, part.aggs)
 		}
 	}
 	// Full jitter may have drawn a backoff of seconds: push every one a
 	// day out, so that no blocked head comes due during the run.
-	if _, err := pool.Exec(ctx, `UPDATE outbox_event SET available_at = now() + interval '1 day'
-		WHERE aggregate_id LIKE 'blk-wait-%' AND status = 'PENDING'`); err != nil {
-		return err
-	}
-	for _, part := range []struct {
-		prefix string
-		aggs   int
-	}{{"blk-dead-", dead}, {"blk-wait-", aggregates - dead}} {
-		rest := n*part.aggs/aggregates - part.aggs
-		if part.aggs == 0 || rest <= 0 {
-			continue
-		}
-		if err := benchRelaySeed(ctx, pool, part.prefix, rest, part.aggs, 1); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err := pool.Exec(ctx, `UPDATE outbox_event SET available_at = now() + interval '1 day'
+		WHERE aggregate_id LIKE 'blk-wait-%' AND status = 'PENDING' AND attempts > 0`)
+	return err
 }
 
 // benchRelaySeedRetained inserts n PUBLISHED events, published a day ago,
