@@ -98,14 +98,15 @@ func (n planNode) examined() float64 {
 	return sum
 }
 
-// explainClaim runs the at-least-once claim under EXPLAIN (ANALYZE,
-// BUFFERS) in a transaction it rolls back, and returns the plan.
+// explainClaim runs the at-least-once claim (cursor at the start) under
+// EXPLAIN (ANALYZE, BUFFERS) in a transaction it rolls back, and returns
+// the plan.
 func explainClaim(t *testing.T, db *testdb.DB, batch int) planNode {
 	t.Helper()
 	ctx := context.Background()
 	var raw []byte
 	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+outbox.ClaimLockedSQL, batch).Scan(&raw); err != nil {
+		if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+outbox.ClaimLockedSQL, "", "", batch).Scan(&raw); err != nil {
 			return err
 		}
 		return errors.New("rollback")
@@ -156,15 +157,18 @@ func TestClaimCostBoundedByBlockedBacklog(t *testing.T) {
 	if plan.ActualRows != ready {
 		t.Fatalf("claimed %v rows, want %d", plan.ActualRows, ready)
 	}
-	// Bound: the failing heads in backoff (aggs/2, still in the index:
-	// they come due) and the ready events with their predecessor checks
-	// and run extension, a few times over; far below the 100,000 blocked.
+	// Rows: the failing heads in backoff (aggs/2, still in the index: they
+	// come due) and the ready events with their predecessor checks and run
+	// extension, a few times over; far below the 100,000 blocked.
 	examined, buffers := plan.examined(), plan.SharedHitBlocks+plan.SharedReadBlocks
 	t.Logf("claim of %d with %d blocked: %.0f rows examined, %d buffers", ready, aggs*perAgg, examined, buffers)
 	if bound := float64(aggs/2 + 10*ready); examined > bound {
 		t.Errorf("claim examined %.0f rows, want at most %.0f (blocked backlog %d)", examined, bound, aggs*perAgg)
 	}
-	if bound := int64(aggs + 20*ready); buffers > bound {
+	// Buffers: an index descent (a few pages) per aggregate the skip scan
+	// passes (the failing heads' and the ready ones), and the ready
+	// events' locks, checks and runs.
+	if bound := int64(5*(aggs/2+ready) + 20*ready); buffers > bound {
 		t.Errorf("claim touched %d buffers, want at most %d (blocked backlog %d)", buffers, bound, aggs*perAgg)
 	}
 }
@@ -360,5 +364,101 @@ func TestMigrationHeldBackfillAndDown(t *testing.T) {
 	}
 	if cols != 0 || !exists("outbox_event_unpublished_idx") {
 		t.Errorf("down left %d of the new columns, unpublished index %v", cols, exists("outbox_event_unpublished_idx"))
+	}
+}
+
+// The claim's cost does not grow with the events behind a head either:
+// with 100,000 events of one aggregate, a claim of 100 reads the head (one
+// index descent) and its run, not the rest of the aggregate.
+func TestClaimCostBoundedByHotAggregate(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	const events, batch = 100_000, 100
+	for _, q := range []string{
+		`INSERT INTO outbox_event (topic, aggregate_type, aggregate_id, aggregate_seq, event_id, event_type, payload)
+		 SELECT 't', 'order', 'hot', g, 'hot-' || g, 'E', '\x00'::bytea FROM generate_series(1, ` + strconv.Itoa(events) + `) g`,
+		`INSERT INTO outbox_aggregate (aggregate_type, aggregate_id, last_seq) VALUES ('order', 'hot', ` + strconv.Itoa(events) + `)`,
+		"VACUUM ANALYZE outbox_event",
+	} {
+		if _, err := db.Pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plan := explainClaim(t, db, batch)
+	if plan.ActualRows != batch {
+		t.Fatalf("claimed %v rows, want %d", plan.ActualRows, batch)
+	}
+	examined, buffers := plan.examined(), plan.SharedHitBlocks+plan.SharedReadBlocks
+	t.Logf("claim of %d from one aggregate of %d events: %.0f rows examined, %d buffers", batch, events, examined, buffers)
+	if bound := float64(10 * batch); examined > bound {
+		t.Errorf("claim examined %.0f rows, want at most %.0f (aggregate of %d)", examined, bound, events)
+	}
+	if bound := int64(20 * batch); buffers > bound {
+		t.Errorf("claim touched %d buffers, want at most %d (aggregate of %d)", buffers, bound, events)
+	}
+}
+
+// Fairness: the oldest events are one aggregate's 1,000 (a hot
+// aggregate), and 20 small aggregates of 3 events each wait behind them.
+// A claim takes the hot head from the oldest events and the other heads
+// by aggregate, from its cursor on: within three batches of 10 every
+// small aggregate has been served, rather than the first nine three times
+// over (or none of them until the hot one drained).
+func TestClaimsTakeTurnsOverAggregates(t *testing.T) {
+	t.Parallel()
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t)
+			ctx := context.Background()
+			const small, perSmall, batch = 20, 3, 10
+			var hot []outbox.Message
+			for n := 1; n <= 1000; n++ {
+				hot = append(hot, msg("hot", n))
+			}
+			enqueue(t, db.Pool, hot...)
+			var msgs []outbox.Message
+			for n := 1; n <= perSmall; n++ {
+				for a := range small {
+					msgs = append(msgs, msg(fmt.Sprintf("s%02d", a), n))
+				}
+			}
+			enqueue(t, db.Pool, msgs...)
+			rec := newRecorder()
+			r := newRelay(t, db, rec, outbox.RelayConfig{Mode: mode, DisableNotify: true, BatchSize: batch})
+			for range 3 {
+				if n, err := r.RunBatch(ctx); err != nil || n != batch {
+					t.Fatalf("batch: %d, %v", n, err)
+				}
+			}
+			seen := map[string]bool{}
+			for _, e := range rec.snapshot() {
+				seen[e.AggregateID] = true
+			}
+			if !seen["hot"] || len(seen) != small+1 {
+				t.Fatalf("three batches of %d served %d aggregates (hot: %v), want the hot one and all %d small ones",
+					batch, len(seen), seen["hot"], small)
+			}
+			drain(t, r)
+			byAgg := map[string][]int64{}
+			for _, e := range rec.snapshot() {
+				byAgg[e.AggregateID] = append(byAgg[e.AggregateID], e.Seq)
+			}
+			for a, seqs := range byAgg {
+				want := perSmall
+				if a == "hot" {
+					want = 1000
+				}
+				if len(seqs) != want {
+					t.Errorf("%s: %d events delivered, want %d", a, len(seqs), want)
+				}
+				for i, s := range seqs {
+					if s != int64(i+1) {
+						t.Fatalf("%s delivered out of order: %v", a, seqs)
+					}
+				}
+			}
+		})
 	}
 }

@@ -33,6 +33,19 @@
 // lower id after a higher one is never skipped: its row simply becomes
 // PENDING-and-visible later and is claimed then.
 //
+// The claim finds heads by aggregate, not by scanning events: an index of
+// the unpublished, not held rows by (aggregate type, aggregate id,
+// sequence) gives each aggregate's first unpublished event in one
+// descent, and the claim walks the aggregates (a skip scan) until its
+// batch has its heads, passing over those whose first event is in flight
+// or in backoff. So an aggregate with 100,000 events waiting costs a claim
+// what one event does, and the events behind its head come in the run.
+// Each relay keeps a cursor, the aggregate its last claim ended at, and
+// starts the next claim after it, wrapping around: with more aggregates
+// ready than a batch has room for, they take turns. The order among
+// aggregates is therefore rotating key order, not enqueue order, which
+// the guarantee never promised.
+//
 // Blocked aggregates: an aggregate whose first unpublished event has
 // failed (DEAD, or PENDING in its retry backoff) is blocked, and its later
 // events are held, out of the claim's index (outbox_event_claim_idx:

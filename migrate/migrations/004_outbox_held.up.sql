@@ -41,11 +41,16 @@ FROM blocker b
 WHERE e.aggregate_type = b.aggregate_type AND e.aggregate_id = b.aggregate_id AND e.published_at IS NULL
   AND (e.aggregate_seq > b.seq OR e.status = 'DEAD');
 
--- The claim's index: unpublished rows that are not held. It replaces
--- outbox_event_unpublished_idx (every unpublished row), which let DEAD and
--- held rows into every claim's scan; the lease reaper reads PUBLISHING
--- rows, never held (the two-phase claim clears held), through it too. For
--- a row that is not held that changes nothing, so the two-phase claim
--- stays a HOT update.
+-- The claim's indexes, both on unpublished rows that are not held: by id
+-- (the oldest events first) and by aggregate and sequence (each
+-- aggregate's first such event in one index descent, a skip scan, so that
+-- the claim's cost does not follow the events behind a head). They
+-- replace outbox_event_unpublished_idx (every unpublished row, by id),
+-- which let DEAD and held rows into every claim's scan. The lease reaper
+-- reads PUBLISHING rows, never held (the two-phase claim clears held),
+-- through the first. For a row that is not held clearing held changes
+-- nothing, so the two-phase claim stays a HOT update.
 CREATE INDEX outbox_event_claim_idx ON outbox_event (id) WHERE published_at IS NULL AND NOT held;
+CREATE INDEX outbox_event_claim_agg_idx ON outbox_event (aggregate_type, aggregate_id, aggregate_seq)
+    WHERE published_at IS NULL AND NOT held;
 DROP INDEX outbox_event_unpublished_idx;

@@ -52,24 +52,78 @@ RETURNING id, aggregate_seq;
 -- with no unpublished (PENDING, PUBLISHING or DEAD) event of the same
 -- aggregate before them; checking the direct predecessor (seq - 1) is
 -- enough, because sequences have no gaps and an event is published only
--- after its predecessor (a purged predecessor was published). Locking a head (FOR UPDATE SKIP LOCKED) gives
--- this relay the whole aggregate: every later event of it has the head as
--- an unpublished predecessor, so no other relay sees it as a head. The
--- claim then extends each head with the contiguous run of PENDING,
--- available events behind it, heads first, so a batch can carry many
--- events of one aggregate without ever skipping one. The head test reads a
--- snapshot that may be stale, but staleness only makes it stricter:
--- an event never goes from PUBLISHED back to unpublished.
+-- after its predecessor (a purged predecessor was published). Locking a
+-- head (FOR UPDATE SKIP LOCKED) gives this relay the whole aggregate:
+-- every later event of it has the head as an unpublished predecessor, so
+-- no other relay sees it as a head. The claim then extends each head with
+-- the contiguous run of PENDING, available events behind it, heads first,
+-- so a batch can carry many events of one aggregate without ever skipping
+-- one. The head test reads a snapshot that may be stale, but staleness
+-- only makes it stricter: an event never goes from PUBLISHED back to
+-- unpublished.
 --
--- The scan reads outbox_event_claim_idx: unpublished rows that are not
--- held. Events behind a DEAD or failing event of their aggregate (and the
--- DEAD event) are held, so they cost the claim nothing; the predecessor
--- check does not trust held, so a stale held flag can only delay an event.
+-- Finding the heads, in two ways, the second only when the first falls
+-- short of the batch; both read only unpublished rows that are not held
+-- (events held behind a DEAD or failing event cost nothing):
+--  1. by_id: the oldest batch_size such rows, by id (outbox_event_claim_idx),
+--     that are heads. Cheapest when the oldest events are of different
+--     aggregates (each is its aggregate's head); the window bounds what it
+--     reads when they are not (one aggregate's 100,000 events, other
+--     relays' batches, heads in backoff).
+--  2. by_aggregate: a skip scan of outbox_event_claim_agg_idx, by
+--     (aggregate_type, aggregate_id, aggregate_seq): a recursive CTE takes
+--     each aggregate's first such row with one index descent, so its cost
+--     follows the aggregates it passes, never the events behind their
+--     heads. It starts after the relay's cursor (the aggregate its previous
+--     claim ended at) and wraps around, so that every aggregate gets its
+--     turn, and stops as soon as the batch has its heads.
+-- Either way a candidate gets the predecessor check, which does not trust
+-- held: a stale held flag can delay an event, never reorder one.
 -- name: ClaimLocked :many
-WITH heads AS (
-    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
+WITH RECURSIVE after_cursor AS (
+    (SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+     FROM outbox_event o
+     WHERE o.published_at IS NULL AND NOT o.held
+       AND (o.aggregate_type, o.aggregate_id) > (sqlc.arg(cursor_type)::text, sqlc.arg(cursor_id)::text)
+     ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+     LIMIT 1)
+    UNION ALL
+    SELECT n.* FROM after_cursor a CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+        FROM outbox_event o
+        WHERE o.published_at IS NULL AND NOT o.held
+          AND (o.aggregate_type, o.aggregate_id) > (a.aggregate_type, a.aggregate_id)
+        ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        LIMIT 1) n
+),
+up_to_cursor AS (
+    (SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+     FROM outbox_event o
+     WHERE o.published_at IS NULL AND NOT o.held
+       AND (o.aggregate_type, o.aggregate_id) <= (sqlc.arg(cursor_type)::text, sqlc.arg(cursor_id)::text)
+     ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+     LIMIT 1)
+    UNION ALL
+    SELECT n.* FROM up_to_cursor a CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+        FROM outbox_event o
+        WHERE o.published_at IS NULL AND NOT o.held
+          AND (o.aggregate_type, o.aggregate_id) > (a.aggregate_type, a.aggregate_id)
+          AND (o.aggregate_type, o.aggregate_id) <= (sqlc.arg(cursor_type)::text, sqlc.arg(cursor_id)::text)
+        ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        LIMIT 1) n
+),
+firsts AS (
+    SELECT * FROM after_cursor
+    UNION ALL
+    SELECT * FROM up_to_cursor
+),
+by_id AS (
+    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
     FROM outbox_event o
     WHERE o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+      AND o.id <= coalesce((SELECT w.id FROM outbox_event w WHERE w.published_at IS NULL AND NOT w.held
+                            ORDER BY w.id OFFSET sqlc.arg(batch_size)::int - 1 LIMIT 1), 9223372036854775807)
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
@@ -77,6 +131,32 @@ WITH heads AS (
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
     FOR UPDATE SKIP LOCKED
+),
+by_aggregate AS (
+    -- LATERAL keeps it a loop over the candidates in scan order, which
+    -- stops at the batch's size (a join could hash them all first).
+    SELECT h.id, h.aggregate_type, h.aggregate_id, h.aggregate_seq, true AS rotated
+    FROM firsts f
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        FROM outbox_event o
+        WHERE o.id = f.id
+          AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_event p
+              WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+        FOR UPDATE OF o SKIP LOCKED
+    ) h
+    WHERE f.status = 'PENDING' AND f.available_at <= now()
+      AND f.id NOT IN (SELECT by_id.id FROM by_id)
+),
+heads AS (
+    -- by_aggregate runs only when by_id falls short of the batch.
+    SELECT * FROM by_id
+    UNION ALL
+    SELECT * FROM by_aggregate
+    LIMIT sqlc.arg(batch_size)::int
 ),
 per_head AS (
     SELECT ((sqlc.arg(batch_size)::int - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1))::int AS n FROM heads
@@ -106,7 +186,8 @@ claim AS (
     LIMIT sqlc.arg(batch_size)::int
 )
 SELECT e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
-       e.payload, e.headers, e.attempts, e.created_at
+       e.payload, e.headers, e.attempts, e.created_at,
+       (e.id IN (SELECT heads.id FROM heads WHERE heads.rotated))::bool AS rotated
 FROM outbox_event e
 WHERE e.id IN (SELECT claim.id FROM claim);
 
@@ -120,10 +201,50 @@ WHERE e.id IN (SELECT claim.id FROM claim);
 -- at once. attempts counts claims, so a relay that dies mid-publish has
 -- used an attempt.
 -- name: ClaimLease :many
-WITH heads AS (
-    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
+WITH RECURSIVE after_cursor AS (
+    (SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+     FROM outbox_event o
+     WHERE o.published_at IS NULL AND NOT o.held
+       AND (o.aggregate_type, o.aggregate_id) > (sqlc.arg(cursor_type)::text, sqlc.arg(cursor_id)::text)
+     ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+     LIMIT 1)
+    UNION ALL
+    SELECT n.* FROM after_cursor a CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+        FROM outbox_event o
+        WHERE o.published_at IS NULL AND NOT o.held
+          AND (o.aggregate_type, o.aggregate_id) > (a.aggregate_type, a.aggregate_id)
+        ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        LIMIT 1) n
+),
+up_to_cursor AS (
+    (SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+     FROM outbox_event o
+     WHERE o.published_at IS NULL AND NOT o.held
+       AND (o.aggregate_type, o.aggregate_id) <= (sqlc.arg(cursor_type)::text, sqlc.arg(cursor_id)::text)
+     ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+     LIMIT 1)
+    UNION ALL
+    SELECT n.* FROM up_to_cursor a CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+        FROM outbox_event o
+        WHERE o.published_at IS NULL AND NOT o.held
+          AND (o.aggregate_type, o.aggregate_id) > (a.aggregate_type, a.aggregate_id)
+          AND (o.aggregate_type, o.aggregate_id) <= (sqlc.arg(cursor_type)::text, sqlc.arg(cursor_id)::text)
+        ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        LIMIT 1) n
+),
+firsts AS (
+    SELECT * FROM after_cursor
+    UNION ALL
+    SELECT * FROM up_to_cursor
+),
+by_id AS (
+    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
     FROM outbox_event o
     WHERE o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+      AND o.id <= coalesce((SELECT w.id FROM outbox_event w WHERE w.published_at IS NULL AND NOT w.held
+                            ORDER BY w.id OFFSET sqlc.arg(batch_size)::int - 1 LIMIT 1), 9223372036854775807)
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
@@ -131,6 +252,32 @@ WITH heads AS (
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
     FOR UPDATE SKIP LOCKED
+),
+by_aggregate AS (
+    -- LATERAL keeps it a loop over the candidates in scan order, which
+    -- stops at the batch's size (a join could hash them all first).
+    SELECT h.id, h.aggregate_type, h.aggregate_id, h.aggregate_seq, true AS rotated
+    FROM firsts f
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        FROM outbox_event o
+        WHERE o.id = f.id
+          AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_event p
+              WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+        FOR UPDATE OF o SKIP LOCKED
+    ) h
+    WHERE f.status = 'PENDING' AND f.available_at <= now()
+      AND f.id NOT IN (SELECT by_id.id FROM by_id)
+),
+heads AS (
+    -- by_aggregate runs only when by_id falls short of the batch.
+    SELECT * FROM by_id
+    UNION ALL
+    SELECT * FROM by_aggregate
+    LIMIT sqlc.arg(batch_size)::int
 ),
 per_head AS (
     SELECT ((sqlc.arg(batch_size)::int - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1))::int AS n FROM heads
@@ -164,7 +311,8 @@ SET status = 'PUBLISHING', lease_owner = sqlc.arg(owner)::text, lease_token = sq
     locked_at = now(), attempts = e.attempts + 1, held = false
 WHERE e.id IN (SELECT claim.id FROM claim)
 RETURNING e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
-          e.payload, e.headers, e.attempts, e.created_at;
+          e.payload, e.headers, e.attempts, e.created_at,
+          (e.id IN (SELECT heads.id FROM heads WHERE heads.rotated))::bool AS rotated;
 
 -- name: MarkPublishedLocked :execrows
 UPDATE outbox_event

@@ -49,10 +49,236 @@ func (q *Queries) BlockAggregates(ctx context.Context, arg BlockAggregatesParams
 }
 
 const claimLease = `-- name: ClaimLease :many
-WITH heads AS (
-    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
+WITH RECURSIVE after_cursor AS (
+    (SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+     FROM outbox_event o
+     WHERE o.published_at IS NULL AND NOT o.held
+       AND (o.aggregate_type, o.aggregate_id) > ($3::text, $4::text)
+     ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+     LIMIT 1)
+    UNION ALL
+    SELECT n.id, n.aggregate_type, n.aggregate_id, n.status, n.available_at FROM after_cursor a CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+        FROM outbox_event o
+        WHERE o.published_at IS NULL AND NOT o.held
+          AND (o.aggregate_type, o.aggregate_id) > (a.aggregate_type, a.aggregate_id)
+        ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        LIMIT 1) n
+),
+up_to_cursor AS (
+    (SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+     FROM outbox_event o
+     WHERE o.published_at IS NULL AND NOT o.held
+       AND (o.aggregate_type, o.aggregate_id) <= ($3::text, $4::text)
+     ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+     LIMIT 1)
+    UNION ALL
+    SELECT n.id, n.aggregate_type, n.aggregate_id, n.status, n.available_at FROM up_to_cursor a CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+        FROM outbox_event o
+        WHERE o.published_at IS NULL AND NOT o.held
+          AND (o.aggregate_type, o.aggregate_id) > (a.aggregate_type, a.aggregate_id)
+          AND (o.aggregate_type, o.aggregate_id) <= ($3::text, $4::text)
+        ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        LIMIT 1) n
+),
+firsts AS (
+    SELECT id, aggregate_type, aggregate_id, status, available_at FROM after_cursor
+    UNION ALL
+    SELECT id, aggregate_type, aggregate_id, status, available_at FROM up_to_cursor
+),
+by_id AS (
+    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
     FROM outbox_event o
     WHERE o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+      AND o.id <= coalesce((SELECT w.id FROM outbox_event w WHERE w.published_at IS NULL AND NOT w.held
+                            ORDER BY w.id OFFSET $5::int - 1 LIMIT 1), 9223372036854775807)
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_event p
+          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+    ORDER BY o.id
+    LIMIT $5::int
+    FOR UPDATE SKIP LOCKED
+),
+by_aggregate AS (
+    -- LATERAL keeps it a loop over the candidates in scan order, which
+    -- stops at the batch's size (a join could hash them all first).
+    SELECT h.id, h.aggregate_type, h.aggregate_id, h.aggregate_seq, true AS rotated
+    FROM firsts f
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        FROM outbox_event o
+        WHERE o.id = f.id
+          AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_event p
+              WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+        FOR UPDATE OF o SKIP LOCKED
+    ) h
+    WHERE f.status = 'PENDING' AND f.available_at <= now()
+      AND f.id NOT IN (SELECT by_id.id FROM by_id)
+),
+heads AS (
+    -- by_aggregate runs only when by_id falls short of the batch.
+    SELECT id, aggregate_type, aggregate_id, aggregate_seq, rotated FROM by_id
+    UNION ALL
+    SELECT id, aggregate_type, aggregate_id, aggregate_seq, rotated FROM by_aggregate
+    LIMIT $5::int
+),
+per_head AS (
+    SELECT (($5::int - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1))::int AS n FROM heads
+),
+run AS (
+    SELECT r.id,
+           row_number() OVER w AS pos,
+           bool_and(r.status = 'PENDING' AND r.available_at <= now()) OVER w AS ok
+    FROM heads h
+    CROSS JOIN LATERAL (
+        SELECT e.id, e.aggregate_seq, e.status, e.available_at
+        FROM outbox_event e
+        WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id
+          AND e.aggregate_seq > h.aggregate_seq
+        ORDER BY e.aggregate_seq
+        LIMIT (SELECT n FROM per_head)
+    ) r
+    WINDOW w AS (PARTITION BY h.id ORDER BY r.aggregate_seq)
+),
+claim AS (
+    SELECT c.id FROM (
+        SELECT heads.id, 0::bigint AS pos FROM heads
+        UNION ALL
+        SELECT run.id, run.pos FROM run WHERE run.ok
+    ) c
+    ORDER BY c.pos, c.id
+    LIMIT $5::int
+)
+UPDATE outbox_event e
+SET status = 'PUBLISHING', lease_owner = $1::text, lease_token = $2::bigint,
+    locked_at = now(), attempts = e.attempts + 1, held = false
+WHERE e.id IN (SELECT claim.id FROM claim)
+RETURNING e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
+          e.payload, e.headers, e.attempts, e.created_at,
+          (e.id IN (SELECT heads.id FROM heads WHERE heads.rotated))::bool AS rotated
+`
+
+type ClaimLeaseParams struct {
+	Owner      string
+	Token      int64
+	CursorType string
+	CursorID   string
+	BatchSize  int32
+}
+
+type ClaimLeaseRow struct {
+	ID            int64
+	Topic         string
+	AggregateType string
+	AggregateID   string
+	AggregateSeq  int64
+	EventID       string
+	EventType     string
+	Payload       []byte
+	Headers       []byte
+	Attempts      int32
+	CreatedAt     pgtype.Timestamptz
+	Rotated       bool
+}
+
+// The selection below repeats ClaimLocked's on purpose: sqlc cannot share a
+// CTE between queries, and moving it into a SQL function would change its
+// meaning (a volatile function takes a snapshot of its own, newer than the
+// UPDATE's, so the two could disagree on which rows exist). Change both.
+//
+// ClaimLease is the two-phase claim: the same selection as ClaimLocked,
+// moved to PUBLISHING under a lease (owner, token, locked_at) and committed
+// at once. attempts counts claims, so a relay that dies mid-publish has
+// used an attempt.
+func (q *Queries) ClaimLease(ctx context.Context, arg ClaimLeaseParams) ([]ClaimLeaseRow, error) {
+	rows, err := q.db.Query(ctx, claimLease,
+		arg.Owner,
+		arg.Token,
+		arg.CursorType,
+		arg.CursorID,
+		arg.BatchSize,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ClaimLeaseRow
+	for rows.Next() {
+		var i ClaimLeaseRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Topic,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateSeq,
+			&i.EventID,
+			&i.EventType,
+			&i.Payload,
+			&i.Headers,
+			&i.Attempts,
+			&i.CreatedAt,
+			&i.Rotated,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const claimLocked = `-- name: ClaimLocked :many
+WITH RECURSIVE after_cursor AS (
+    (SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+     FROM outbox_event o
+     WHERE o.published_at IS NULL AND NOT o.held
+       AND (o.aggregate_type, o.aggregate_id) > ($1::text, $2::text)
+     ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+     LIMIT 1)
+    UNION ALL
+    SELECT n.id, n.aggregate_type, n.aggregate_id, n.status, n.available_at FROM after_cursor a CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+        FROM outbox_event o
+        WHERE o.published_at IS NULL AND NOT o.held
+          AND (o.aggregate_type, o.aggregate_id) > (a.aggregate_type, a.aggregate_id)
+        ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        LIMIT 1) n
+),
+up_to_cursor AS (
+    (SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+     FROM outbox_event o
+     WHERE o.published_at IS NULL AND NOT o.held
+       AND (o.aggregate_type, o.aggregate_id) <= ($1::text, $2::text)
+     ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+     LIMIT 1)
+    UNION ALL
+    SELECT n.id, n.aggregate_type, n.aggregate_id, n.status, n.available_at FROM up_to_cursor a CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+        FROM outbox_event o
+        WHERE o.published_at IS NULL AND NOT o.held
+          AND (o.aggregate_type, o.aggregate_id) > (a.aggregate_type, a.aggregate_id)
+          AND (o.aggregate_type, o.aggregate_id) <= ($1::text, $2::text)
+        ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        LIMIT 1) n
+),
+firsts AS (
+    SELECT id, aggregate_type, aggregate_id, status, available_at FROM after_cursor
+    UNION ALL
+    SELECT id, aggregate_type, aggregate_id, status, available_at FROM up_to_cursor
+),
+by_id AS (
+    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
+    FROM outbox_event o
+    WHERE o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+      AND o.id <= coalesce((SELECT w.id FROM outbox_event w WHERE w.published_at IS NULL AND NOT w.held
+                            ORDER BY w.id OFFSET $3::int - 1 LIMIT 1), 9223372036854775807)
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
@@ -60,6 +286,32 @@ WITH heads AS (
     ORDER BY o.id
     LIMIT $3::int
     FOR UPDATE SKIP LOCKED
+),
+by_aggregate AS (
+    -- LATERAL keeps it a loop over the candidates in scan order, which
+    -- stops at the batch's size (a join could hash them all first).
+    SELECT h.id, h.aggregate_type, h.aggregate_id, h.aggregate_seq, true AS rotated
+    FROM firsts f
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        FROM outbox_event o
+        WHERE o.id = f.id
+          AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_event p
+              WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+        FOR UPDATE OF o SKIP LOCKED
+    ) h
+    WHERE f.status = 'PENDING' AND f.available_at <= now()
+      AND f.id NOT IN (SELECT by_id.id FROM by_id)
+),
+heads AS (
+    -- by_aggregate runs only when by_id falls short of the batch.
+    SELECT id, aggregate_type, aggregate_id, aggregate_seq, rotated FROM by_id
+    UNION ALL
+    SELECT id, aggregate_type, aggregate_id, aggregate_seq, rotated FROM by_aggregate
+    LIMIT $3::int
 ),
 per_head AS (
     SELECT (($3::int - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1))::int AS n FROM heads
@@ -88,120 +340,18 @@ claim AS (
     ORDER BY c.pos, c.id
     LIMIT $3::int
 )
-UPDATE outbox_event e
-SET status = 'PUBLISHING', lease_owner = $1::text, lease_token = $2::bigint,
-    locked_at = now(), attempts = e.attempts + 1, held = false
-WHERE e.id IN (SELECT claim.id FROM claim)
-RETURNING e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
-          e.payload, e.headers, e.attempts, e.created_at
-`
-
-type ClaimLeaseParams struct {
-	Owner     string
-	Token     int64
-	BatchSize int32
-}
-
-type ClaimLeaseRow struct {
-	ID            int64
-	Topic         string
-	AggregateType string
-	AggregateID   string
-	AggregateSeq  int64
-	EventID       string
-	EventType     string
-	Payload       []byte
-	Headers       []byte
-	Attempts      int32
-	CreatedAt     pgtype.Timestamptz
-}
-
-// The selection below repeats ClaimLocked's on purpose: sqlc cannot share a
-// CTE between queries, and moving it into a SQL function would change its
-// meaning (a volatile function takes a snapshot of its own, newer than the
-// UPDATE's, so the two could disagree on which rows exist). Change both.
-//
-// ClaimLease is the two-phase claim: the same selection as ClaimLocked,
-// moved to PUBLISHING under a lease (owner, token, locked_at) and committed
-// at once. attempts counts claims, so a relay that dies mid-publish has
-// used an attempt.
-func (q *Queries) ClaimLease(ctx context.Context, arg ClaimLeaseParams) ([]ClaimLeaseRow, error) {
-	rows, err := q.db.Query(ctx, claimLease, arg.Owner, arg.Token, arg.BatchSize)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []ClaimLeaseRow
-	for rows.Next() {
-		var i ClaimLeaseRow
-		if err := rows.Scan(
-			&i.ID,
-			&i.Topic,
-			&i.AggregateType,
-			&i.AggregateID,
-			&i.AggregateSeq,
-			&i.EventID,
-			&i.EventType,
-			&i.Payload,
-			&i.Headers,
-			&i.Attempts,
-			&i.CreatedAt,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const claimLocked = `-- name: ClaimLocked :many
-WITH heads AS (
-    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
-    FROM outbox_event o
-    WHERE o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
-      AND NOT EXISTS (
-          SELECT 1 FROM outbox_event p
-          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
-    ORDER BY o.id
-    LIMIT $1::int
-    FOR UPDATE SKIP LOCKED
-),
-per_head AS (
-    SELECT (($1::int - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1))::int AS n FROM heads
-),
-run AS (
-    SELECT r.id,
-           row_number() OVER w AS pos,
-           bool_and(r.status = 'PENDING' AND r.available_at <= now()) OVER w AS ok
-    FROM heads h
-    CROSS JOIN LATERAL (
-        SELECT e.id, e.aggregate_seq, e.status, e.available_at
-        FROM outbox_event e
-        WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id
-          AND e.aggregate_seq > h.aggregate_seq
-        ORDER BY e.aggregate_seq
-        LIMIT (SELECT n FROM per_head)
-    ) r
-    WINDOW w AS (PARTITION BY h.id ORDER BY r.aggregate_seq)
-),
-claim AS (
-    SELECT c.id FROM (
-        SELECT heads.id, 0::bigint AS pos FROM heads
-        UNION ALL
-        SELECT run.id, run.pos FROM run WHERE run.ok
-    ) c
-    ORDER BY c.pos, c.id
-    LIMIT $1::int
-)
 SELECT e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
-       e.payload, e.headers, e.attempts, e.created_at
+       e.payload, e.headers, e.attempts, e.created_at,
+       (e.id IN (SELECT heads.id FROM heads WHERE heads.rotated))::bool AS rotated
 FROM outbox_event e
 WHERE e.id IN (SELECT claim.id FROM claim)
 `
+
+type ClaimLockedParams struct {
+	CursorType string
+	CursorID   string
+	BatchSize  int32
+}
 
 type ClaimLockedRow struct {
 	ID            int64
@@ -215,6 +365,7 @@ type ClaimLockedRow struct {
 	Headers       []byte
 	Attempts      int32
 	CreatedAt     pgtype.Timestamptz
+	Rotated       bool
 }
 
 // ClaimLocked is the at-least-once claim: it locks the batch inside the
@@ -224,21 +375,36 @@ type ClaimLockedRow struct {
 // with no unpublished (PENDING, PUBLISHING or DEAD) event of the same
 // aggregate before them; checking the direct predecessor (seq - 1) is
 // enough, because sequences have no gaps and an event is published only
-// after its predecessor (a purged predecessor was published). Locking a head (FOR UPDATE SKIP LOCKED) gives
-// this relay the whole aggregate: every later event of it has the head as
-// an unpublished predecessor, so no other relay sees it as a head. The
-// claim then extends each head with the contiguous run of PENDING,
-// available events behind it, heads first, so a batch can carry many
-// events of one aggregate without ever skipping one. The head test reads a
-// snapshot that may be stale, but staleness only makes it stricter:
-// an event never goes from PUBLISHED back to unpublished.
+// after its predecessor (a purged predecessor was published). Locking a
+// head (FOR UPDATE SKIP LOCKED) gives this relay the whole aggregate:
+// every later event of it has the head as an unpublished predecessor, so
+// no other relay sees it as a head. The claim then extends each head with
+// the contiguous run of PENDING, available events behind it, heads first,
+// so a batch can carry many events of one aggregate without ever skipping
+// one. The head test reads a snapshot that may be stale, but staleness
+// only makes it stricter: an event never goes from PUBLISHED back to
+// unpublished.
 //
-// The scan reads outbox_event_claim_idx: unpublished rows that are not
-// held. Events behind a DEAD or failing event of their aggregate (and the
-// DEAD event) are held, so they cost the claim nothing; the predecessor
-// check does not trust held, so a stale held flag can only delay an event.
-func (q *Queries) ClaimLocked(ctx context.Context, batchSize int32) ([]ClaimLockedRow, error) {
-	rows, err := q.db.Query(ctx, claimLocked, batchSize)
+// Finding the heads, in two ways, the second only when the first falls
+// short of the batch; both read only unpublished rows that are not held
+// (events held behind a DEAD or failing event cost nothing):
+//  1. by_id: the oldest batch_size such rows, by id (outbox_event_claim_idx),
+//     that are heads. Cheapest when the oldest events are of different
+//     aggregates (each is its aggregate's head); the window bounds what it
+//     reads when they are not (one aggregate's 100,000 events, other
+//     relays' batches, heads in backoff).
+//  2. by_aggregate: a skip scan of outbox_event_claim_agg_idx, by
+//     (aggregate_type, aggregate_id, aggregate_seq): a recursive CTE takes
+//     each aggregate's first such row with one index descent, so its cost
+//     follows the aggregates it passes, never the events behind their
+//     heads. It starts after the relay's cursor (the aggregate its previous
+//     claim ended at) and wraps around, so that every aggregate gets its
+//     turn, and stops as soon as the batch has its heads.
+//
+// Either way a candidate gets the predecessor check, which does not trust
+// held: a stale held flag can delay an event, never reorder one.
+func (q *Queries) ClaimLocked(ctx context.Context, arg ClaimLockedParams) ([]ClaimLockedRow, error) {
+	rows, err := q.db.Query(ctx, claimLocked, arg.CursorType, arg.CursorID, arg.BatchSize)
 	if err != nil {
 		return nil, err
 	}
@@ -258,6 +424,7 @@ func (q *Queries) ClaimLocked(ctx context.Context, batchSize int32) ([]ClaimLock
 			&i.Headers,
 			&i.Attempts,
 			&i.CreatedAt,
+			&i.Rotated,
 		); err != nil {
 			return nil, err
 		}
