@@ -33,17 +33,20 @@
 // lower id after a higher one is never skipped: its row simply becomes
 // PENDING-and-visible later and is claimed then.
 //
-// The claim finds heads by aggregate, not by scanning events: an index of
-// the unpublished, not held rows by (aggregate type, aggregate id,
-// sequence) gives each aggregate's first unpublished event in one
-// descent, and the claim walks the aggregates (a skip scan) until its
-// batch has its heads, passing over those whose first event is in flight
-// or in backoff. So an aggregate with 100,000 events waiting costs a claim
-// what one event does, and the events behind its head come in the run.
-// Each relay keeps a cursor, the aggregate its last claim ended at, and
-// starts the next claim after it, wrapping around: with more aggregates
-// ready than a batch has room for, they take turns. The order among
-// aggregates is therefore rotating key order, not enqueue order, which
+// The claim's cost does not follow the events behind a head. It looks for
+// heads first among the oldest BatchSize unpublished, not held rows (by
+// id): when those are of different aggregates, the common case, each is
+// its aggregate's head and that is all the claim reads. When they fall
+// short (one aggregate's long run, other relays' batches, heads in
+// backoff), it goes on by aggregate: an index of the same rows by
+// (aggregate type, aggregate id, sequence) gives each aggregate's first
+// one in a single descent, and the claim walks the aggregates (a skip
+// scan) until its batch has its heads. So an aggregate with 100,000 events
+// waiting costs a claim what one event does; the events behind its head
+// come in the run. The walk starts after a per-relay cursor (the
+// aggregate its last walk ended at) and wraps around, so that aggregates
+// take turns and none starves behind a hot one: the oldest events are
+// served first, the others in rotation, an order among aggregates that
 // the guarantee never promised.
 //
 // Blocked aggregates: an aggregate whose first unpublished event has
