@@ -91,7 +91,12 @@ by_id AS (
     SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
     FROM outbox_event o
     WHERE o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
-      AND o.id <= coalesce((SELECT w.id FROM outbox_event w WHERE w.published_at IS NULL AND NOT w.held
+      -- The window's end. available_at keeps it a plain index scan: an
+      -- index-only scan would not mark the entries of rows published
+      -- since the last vacuum as dead, and would visit them all again in
+      -- every claim.
+      AND o.id <= coalesce((SELECT w.id FROM outbox_event w
+                            WHERE w.published_at IS NULL AND NOT w.held AND w.available_at IS NOT NULL
                             ORDER BY w.id OFFSET $5::int - 1 LIMIT 1), 9223372036854775807)
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
@@ -277,7 +282,12 @@ by_id AS (
     SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
     FROM outbox_event o
     WHERE o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
-      AND o.id <= coalesce((SELECT w.id FROM outbox_event w WHERE w.published_at IS NULL AND NOT w.held
+      -- The window's end. available_at keeps it a plain index scan: an
+      -- index-only scan would not mark the entries of rows published
+      -- since the last vacuum as dead, and would visit them all again in
+      -- every claim.
+      AND o.id <= coalesce((SELECT w.id FROM outbox_event w
+                            WHERE w.published_at IS NULL AND NOT w.held AND w.available_at IS NOT NULL
                             ORDER BY w.id OFFSET $3::int - 1 LIMIT 1), 9223372036854775807)
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
