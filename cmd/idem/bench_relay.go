@@ -246,7 +246,10 @@ func runBenchRelay(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		if err := v.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED' AND aggregate_id LIKE 'agg-%'").Scan(&published); err != nil {
 			return nil, err
 		}
-		if published != events || v.total != events {
+		// A batch whose claim outlasted its publish budget (a starved
+		// machine) claims events again later: claims may exceed events,
+		// never fall short of them.
+		if published != events || v.total < events {
 			return nil, fmt.Errorf("%s: published %d (claimed %d) of %d events", v.name, published, v.total, events)
 		}
 		results = append(results, latencyResult(v.name, v.lat, events, v.elapsed))
