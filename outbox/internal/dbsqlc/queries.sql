@@ -479,11 +479,21 @@ WHERE e.aggregate_type = u.t AND e.aggregate_id = u.i AND e.aggregate_seq > u.s
 -- (whatever removed it: a publish whose release was lost in a crash, a
 -- row deleted by hand), for the sweep to release. Locked ones are skipped:
 -- a relay or an enqueue is at them.
+--
+-- An aggregate's published events are a prefix of its sequence (each is
+-- published after its predecessor), so its unpublished ones are the
+-- suffix after the last published one, found by reading the sequence
+-- backwards: the check reads that suffix, not the retained history.
 -- name: OrphanBlocked :many
 SELECT a.aggregate_type, a.aggregate_id FROM outbox_aggregate a
 WHERE a.blocked
   AND NOT EXISTS (SELECT 1 FROM outbox_event e
                   WHERE e.aggregate_type = a.aggregate_type AND e.aggregate_id = a.aggregate_id
+                    AND e.aggregate_seq > coalesce((
+                        SELECT p.aggregate_seq FROM outbox_event p
+                        WHERE p.aggregate_type = a.aggregate_type AND p.aggregate_id = a.aggregate_id
+                          AND p.published_at IS NOT NULL
+                        ORDER BY p.aggregate_seq DESC LIMIT 1), 0)
                     AND e.published_at IS NULL AND (e.status = 'DEAD' OR e.attempts > 0))
 ORDER BY a.aggregate_type, a.aggregate_id
 LIMIT sqlc.arg(max_rows)::int
