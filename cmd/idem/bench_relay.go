@@ -99,6 +99,9 @@ func runBenchRelay(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		return nil, err
 	}
 	defer drop()
+	if u, err := url.Parse(urls[0]); err == nil {
+		fmt.Fprintf(env.Log, "relay: scratch schemas %s…\n", strings.TrimSuffix(u.Query().Get("search_path"), "0"))
+	}
 	poolOn := func(i, maxConns int, syncOff bool) (*pgxpool.Pool, error) {
 		u, _ := url.Parse(urls[i])
 		q := u.Query()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"regexp"
 	"testing"
 
 	"github.com/idemkit/idem/internal/testdb"
@@ -53,8 +54,14 @@ func TestBenchRelayJSON(t *testing.T) {
 	if out.Results[0].Ratio != 1 {
 		t.Errorf("sql-floor ratio %v, want 1", out.Results[0].Ratio)
 	}
+	// Other tests run this scenario at the same time: count this run's
+	// schemas only, by the name it printed.
+	m := regexp.MustCompile(`scratch schemas (bench_relay_[0-9a-f]{12}_)`).FindStringSubmatch(stderr)
+	if m == nil {
+		t.Fatalf("no scratch schema name on stderr:\n%s", stderr)
+	}
 	var left int
-	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'bench_relay_%'`).Scan(&left); err != nil {
+	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_namespace WHERE starts_with(nspname, $1)`, m[1]).Scan(&left); err != nil {
 		t.Fatal(err)
 	}
 	if left != 0 {
