@@ -110,6 +110,13 @@ func (r *Relay) Reap(ctx context.Context) (int64, error) {
 		r.emit(ctx, RelayEvent{Kind: RelayReaped, Err: err})
 		return 0, err
 	}
+	// The sweep: blocked aggregates whose failed event is gone.
+	if swept, err := r.sweep(ctx); err != nil {
+		r.emit(ctx, RelayEvent{Kind: RelayReaped, Err: err})
+		return int64(len(rows)), err
+	} else if swept > 0 {
+		r.wakeUp()
+	}
 	if len(rows) == 0 {
 		return 0, nil
 	}
@@ -123,6 +130,14 @@ func (r *Relay) Reap(ctx context.Context) (int64, error) {
 		}
 	}
 	if len(dead) > 0 {
+		var block aggSeqs
+		for _, d := range dead {
+			block.add(aggregateKey{d.AggregateType, d.AggregateID}, d.Seq)
+		}
+		if err := r.blockDead(ctx, block); err != nil {
+			// The events are DEAD; unheld, they only cost the claim a look.
+			r.log.WarnContext(ctx, "outbox reaper", "error", err)
+		}
 		r.log.WarnContext(ctx, "outbox events are DEAD (their leases expired): each holds back its aggregate until Requeue",
 			"owner", r.cfg.Owner, "events", len(dead))
 		r.emit(ctx, RelayEvent{Kind: RelayDead, Count: len(dead), Events: dead})

@@ -33,6 +33,44 @@
 // lower id after a higher one is never skipped: its row simply becomes
 // PENDING-and-visible later and is claimed then.
 //
+// The claim's cost does not follow the events behind a head. It looks for
+// heads first among the oldest BatchSize unpublished, not held rows (by
+// id): when those are of different aggregates, the common case, each is
+// its aggregate's head and that is all the claim reads. When they fall
+// short (one aggregate's long run, other relays' batches, heads in
+// backoff), it goes on by aggregate: an index of the same rows by
+// (aggregate type, aggregate id, sequence) gives each aggregate's first
+// one in a single descent, and the claim walks the aggregates (a skip
+// scan) until its batch has its heads. So an aggregate with 100,000 events
+// waiting costs a claim what one event does; the events behind its head
+// come in the run. The walk starts after a per-relay cursor (the
+// aggregate its last walk ended at) and wraps around, so that aggregates
+// take turns and none starves behind a hot one: the oldest events are
+// served first, the others in rotation, an order among aggregates that
+// the guarantee never promised.
+//
+// Blocked aggregates: an aggregate whose first unpublished event has
+// failed (DEAD, or PENDING in its retry backoff) is blocked, and its later
+// events are held, out of the claim's index (outbox_event_claim_idx:
+// unpublished rows that are not held), as is a DEAD event. So the events
+// waiting behind failures cost a claim nothing: it reads the ready rows,
+// the failing heads still in backoff (one per blocked aggregate) and rows
+// in flight, never the backlog behind them. Safety does not rest on the
+// flag: the claim still checks each candidate's predecessor, so a wrong
+// held flag can delay an event but never reorder one. Liveness rests on
+// this: the truth is outbox_aggregate.blocked, changed only while holding
+// the aggregate's counter row lock, which EnqueueTx takes too, in a
+// statement that follows the lock (so its snapshot includes every event
+// committed by an enqueue that read the old flag, and later enqueues wait
+// and read the new one, writing their events held while it is set). The
+// relay blocks the aggregate in the transaction that records the failure
+// (a two-phase relay while the failed row is still under its lease, so no
+// other relay can deliver it first), and releases it when it delivers an
+// event that had failed before; Requeue releases a requeued aggregate;
+// and the reaper's sweep releases any blocked aggregate with no failed
+// event left (a crash between a mark and its release, a row removed by
+// hand), within ReapInterval.
+//
 // Within a batch the relay hands events to the Publisher in waves: each
 // wave is one Publish call holding, of every aggregate, the run of its next
 // events that go to one topic; the next wave waits for the outcome of the
@@ -52,8 +90,10 @@
 // LeaseTTL to PENDING, attempts preserved. The claim commits with
 // synchronous_commit off (losing it in a database crash equals a reaped
 // lease); the mark commits synchronously. No index covers the status or
-// lease columns, so the claim is a HOT update where the page has room
-// (the table's fillfactor is 50).
+// lease columns (the claim index's predicate reads published_at and held;
+// the two-phase claim clears held, which only changes the rows of a run
+// behind a retried failure), so the claim is a HOT
+// update where the page has room (the table's fillfactor is 50).
 //
 // Failures: each event's result is the Publisher's for that event (by
 // input index), so a partial failure marks exactly the delivered events.
@@ -103,7 +143,9 @@
 //     repeat. The batch deadline keeps it to a relay paused (not merely
 //     slow) for longer than LeaseTTL − BatchTimeout.
 //   - A DEAD event blocks its aggregate until an operator calls Requeue
-//     (skipping it would silently break the order).
+//     (skipping it would silently break the order). One removed by other
+//     means (deleted, or marked PUBLISHED by hand) releases its aggregate
+//     at the reaper's next sweep, not at once.
 //   - Enqueueing for one aggregate serializes on that aggregate's counter
 //     row: keep such transactions short.
 //   - No order between different aggregates.

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -41,6 +42,12 @@ type Relay struct {
 
 	wake chan struct{}
 	svc  startstop.Service
+
+	// cursor is the aggregate the last claim ended at: the next claim
+	// looks at the aggregates after it first, then wraps around, so that
+	// every aggregate with events gets its turn (see claimCursor).
+	cursorMu sync.Mutex
+	cursor   aggregateKey
 }
 
 // NewRelay returns a relay over pool publishing through pub. A nil cfg
@@ -199,7 +206,10 @@ func (r *Relay) batchAtLeastOnce(ctx context.Context) (b result) {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	q := r.q.WithTx(tx)
-	rows, err := q.ClaimLocked(ctx, int32(r.cfg.BatchSize))
+	cur := r.claimCursor()
+	rows, err := q.ClaimLocked(ctx, dbsqlc.ClaimLockedParams{
+		CursorType: cur.typ, CursorID: cur.id, BatchSize: int32(r.cfg.BatchSize),
+	})
 	if err != nil {
 		b.err = fmt.Errorf("outbox: claim: %w", err)
 		return b
@@ -210,9 +220,12 @@ func (r *Relay) batchAtLeastOnce(ctx context.Context) (b result) {
 	}
 	b.claimed = len(rows)
 	events := make([]Event, len(rows))
+	rotated := make([]bool, len(rows))
 	for i, row := range rows {
 		events[i] = eventFrom(dbsqlc.ClaimLeaseRow(row))
+		rotated[i] = row.Rotated
 	}
+	r.advanceCursor(cur, events, rotated)
 	sortEvents(events)
 	r.emitClaimed(ctx, events, time.Since(t0))
 	// Crash window: the rows are locked by this transaction, nothing is
@@ -254,8 +267,15 @@ func (r *Relay) batchAtLeastOnce(ctx context.Context) (b result) {
 			}
 		}
 	}
-	// Events held back behind a failure of their aggregate stay PENDING,
-	// untouched: the failed event's backoff keeps them waiting.
+	// Events held back behind a failure of their aggregate stay PENDING:
+	// the failed event's backoff keeps them waiting, and the block takes
+	// them (and the aggregate's later events) out of the claim's index.
+	if block, release := settlement(events, &b.o); !block.empty() || !release.empty() {
+		if err := settle(ctx, q, block, release); err != nil {
+			b.err = err
+			return b
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		// Published but not marked: the batch will be published again.
 		b.err = fmt.Errorf("outbox: commit: %w", err)
@@ -322,6 +342,7 @@ func (r *Relay) batchTwoPhase(ctx context.Context) (b result) {
 		marked += n
 	}
 	var dead []int64
+	block, release := settlement(events, &b.o)
 	if len(b.o.failed)+len(b.o.held) > 0 {
 		p := r.failParams(events, b.o)
 		counted := make([]bool, len(p.ids))
@@ -335,19 +356,27 @@ func (r *Relay) batchTwoPhase(ctx context.Context) (b result) {
 			p.errs = append(p.errs, "")
 			p.delays = append(p.delays, 0)
 		}
-		rows, err := r.q.MarkFailedLease(ctx, dbsqlc.MarkFailedLeaseParams{
+		failed, err := r.markFailedLease(ctx, dbsqlc.MarkFailedLeaseParams{
 			MaxAttempts: int32(r.cfg.MaxAttempts), Token: token,
 			Ids: p.ids, Errs: p.errs, DelaysMs: p.delays, Counted: counted,
-		})
+		}, block, release)
 		if err != nil {
-			b.err = fmt.Errorf("outbox: mark failed: %w", err)
+			b.err = err
 			return b
 		}
-		marked += int64(len(rows))
-		for _, m := range rows {
+		marked += int64(len(failed))
+		for _, m := range failed {
 			if m.Dead {
 				dead = append(dead, m.ID)
 			}
+		}
+	} else if !release.empty() {
+		if err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+			return settle(ctx, r.q.WithTx(tx), aggSeqs{}, release)
+		}); err != nil {
+			// The events are marked; the sweep releases the aggregate.
+			b.err = err
+			return b
 		}
 	}
 	r.emitDead(ctx, events, dead)
@@ -378,13 +407,49 @@ func (r *Relay) claimLease(ctx context.Context, token int64) ([]dbsqlc.ClaimLeas
 		return nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	cur := r.claimCursor()
 	rows, err := r.q.WithTx(tx).ClaimLease(ctx, dbsqlc.ClaimLeaseParams{
 		Owner: r.cfg.Owner, Token: token, BatchSize: int32(r.cfg.BatchSize),
+		CursorType: cur.typ, CursorID: cur.id,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return rows, tx.Commit(ctx)
+	if err := tx.Commit(ctx); err != nil {
+		return nil, err
+	}
+	events := make([]Event, len(rows))
+	rotated := make([]bool, len(rows))
+	for i, row := range rows {
+		events[i] = eventFrom(row)
+		rotated[i] = row.Rotated
+	}
+	r.advanceCursor(cur, events, rotated)
+	return rows, nil
+}
+
+// markFailedLease runs MarkFailedLease; with aggregates to block or
+// release, in one transaction with settle, so that no other relay can
+// claim a failed event (still PUBLISHING under this lease until the
+// commit) and deliver it before its aggregate is recorded as blocked.
+func (r *Relay) markFailedLease(ctx context.Context, p dbsqlc.MarkFailedLeaseParams, block, release aggSeqs) ([]dbsqlc.MarkFailedLeaseRow, error) {
+	if block.empty() && release.empty() {
+		rows, err := r.q.MarkFailedLease(ctx, p)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: mark failed: %w", err)
+		}
+		return rows, nil
+	}
+	var rows []dbsqlc.MarkFailedLeaseRow
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		q := r.q.WithTx(tx)
+		var err error
+		if rows, err = q.MarkFailedLease(ctx, p); err != nil {
+			return fmt.Errorf("outbox: mark failed: %w", err)
+		}
+		return settle(ctx, q, block, release)
+	})
+	return rows, err
 }
 
 type failParams struct {
@@ -481,6 +546,58 @@ func eventFrom(row dbsqlc.ClaimLeaseRow) Event {
 // aggregateKey is an aggregate's identity, the one spelling of it in the
 // package.
 type aggregateKey struct{ typ, id string }
+
+func (k aggregateKey) compare(o aggregateKey) int {
+	if c := strings.Compare(k.typ, o.typ); c != 0 {
+		return c
+	}
+	return strings.Compare(k.id, o.id)
+}
+
+// claimCursor is where the next claim starts: it takes heads of the
+// aggregates after the cursor, in (type, id) order, then wraps around to
+// the first ones. The zero key starts at the beginning.
+func (r *Relay) claimCursor() aggregateKey {
+	r.cursorMu.Lock()
+	defer r.cursorMu.Unlock()
+	return r.cursor
+}
+
+// advanceCursor moves the cursor to the last aggregate that a claim
+// started at cur took by aggregate (the rotated heads; those taken as the
+// oldest events do not move it), in its wrapped order: the greatest such
+// key up to cur if the scan wrapped around, else the greatest one. The
+// order matters only for fairness (an aggregate waits for at most a round
+// of the others), never for correctness: Go compares bytes, the database
+// its collation, and a key put on the wrong side of cur only starts the
+// next claim elsewhere.
+func (r *Relay) advanceCursor(cur aggregateKey, events []Event, rotated []bool) {
+	var after, wrapped aggregateKey
+	var hasAfter, hasWrapped bool
+	for i := range events {
+		if !rotated[i] {
+			continue
+		}
+		k := events[i].aggregate()
+		if k.compare(cur) > 0 {
+			if !hasAfter || k.compare(after) > 0 {
+				after, hasAfter = k, true
+			}
+		} else if !hasWrapped || k.compare(wrapped) > 0 {
+			wrapped, hasWrapped = k, true
+		}
+	}
+	if !hasAfter && !hasWrapped {
+		return
+	}
+	next := after
+	if hasWrapped {
+		next = wrapped
+	}
+	r.cursorMu.Lock()
+	r.cursor = next
+	r.cursorMu.Unlock()
+}
 
 func (e *Event) aggregate() aggregateKey { return aggregateKey{e.AggregateType, e.AggregateID} }
 

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemkit/idem/outbox/internal/dbsqlc"
 )
 
@@ -73,10 +75,43 @@ func GetStatus(ctx context.Context, db DBTX, leaseTTL time.Duration, maxDead int
 // Requeue returns DEAD events to PENDING with their attempts reset, so
 // that they (and the events of their aggregates they held back) are
 // published again. It reports how many it requeued.
+//
+// When db can begin a transaction (a pool, a connection, a pgx.Tx: a
+// savepoint), the requeue and the release of the events held behind them
+// are one transaction; otherwise the relay's periodic sweep releases those
+// within its ReapInterval.
 func Requeue(ctx context.Context, db DBTX, eventIDs ...string) (int64, error) {
-	n, err := dbsqlc.New(db).Requeue(ctx, eventIDs)
+	b, ok := db.(interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	})
+	if !ok {
+		rows, err := dbsqlc.New(db).Requeue(ctx, eventIDs)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: requeue: %w", err)
+		}
+		return int64(len(rows)), nil
+	}
+	tx, err := b.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: requeue: %w", err)
 	}
-	return n, nil
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	q := dbsqlc.New(tx)
+	rows, err := q.Requeue(ctx, eventIDs)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: requeue: %w", err)
+	}
+	var rel aggSeqs
+	for _, row := range rows {
+		// The requeued event itself is released by Requeue; its later
+		// events from here.
+		rel.add(aggregateKey{row.AggregateType, row.AggregateID}, row.AggregateSeq)
+	}
+	if err := settle(ctx, q, aggSeqs{}, rel); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("outbox: requeue: %w", err)
+	}
+	return int64(len(rows)), nil
 }

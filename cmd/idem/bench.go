@@ -62,6 +62,9 @@ type benchResult struct {
 	P99Ms     float64 `json:"p99_ms"`
 	// Ops is how many operations the figures cover.
 	Ops int `json:"ops"`
+	// Ratio is OpsPerSec over the scenario's baseline in the same run,
+	// where the scenario has one.
+	Ratio float64 `json:"ratio,omitempty"`
 }
 
 var benchScenarios = map[string]*benchScenario{}
@@ -124,9 +127,13 @@ func printBench(w io.Writer, scenario string, results []benchResult, asJSON bool
 		}{scenario, results})
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "%s\tops/s\tp50 ms\tp99 ms\tops\t\n", scenario)
+	fmt.Fprintf(tw, "%s\tops/s\tp50 ms\tp99 ms\tops\tratio\t\n", scenario)
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%.2f\t%d\t\n", r.Name, r.OpsPerSec, r.P50Ms, r.P99Ms, r.Ops)
+		ratio := "-"
+		if r.Ratio > 0 {
+			ratio = fmt.Sprintf("%.2f", r.Ratio)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%.2f\t%d\t%s\t\n", r.Name, r.OpsPerSec, r.P50Ms, r.P99Ms, r.Ops, ratio)
 	}
 	return tw.Flush()
 }

@@ -173,7 +173,7 @@ func benchRelayPublishers(ctx context.Context, env *benchEnv, events, aggregates
 			return nil, err
 		}
 		fmt.Fprintf(env.Log, "relay: %s: seeding %d events...\n", names[i], events)
-		if err := benchRelaySeed(ctx, pool, events, aggregates); err != nil {
+		if err := benchRelaySeed(ctx, pool, "agg-", events, aggregates, 0); err != nil {
 			return nil, fmt.Errorf("%s: seed: %w", names[i], err)
 		}
 		vs = append(vs, &variant{name: names[i], pool: pool, batch: r.RunBatch})

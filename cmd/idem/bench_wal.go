@@ -354,7 +354,10 @@ func benchWALRelay(ctx context.Context, env *benchEnv, dbURL string, pool *pgxpo
 
 	// The table relay, same broker, same count: its at-least-once mode.
 	fmt.Fprintf(env.Log, "wal: at-least-once: seeding and draining %d events...\n", events)
-	if err := benchRelaySeed(ctx, pool, events, 1000); err != nil {
+	if _, err := pool.Exec(ctx, "TRUNCATE outbox_event, outbox_aggregate"); err != nil {
+		return nil, err
+	}
+	if err := benchRelaySeed(ctx, pool, "agg-", events, 1000, 0); err != nil {
 		return nil, err
 	}
 	tr, err := outbox.NewRelay(pool, pub, &outbox.RelayConfig{BatchSize: batchSize, DisableNotify: true, Logger: quiet})

@@ -6,8 +6,11 @@
 // With -hold, the publisher announces each batch on stdout ("IN-FLIGHT n")
 // and then waits before producing: "term" waits until the process has
 // received SIGTERM (so the signal lands mid-batch, deterministically),
-// "forever" waits until the batch context ends (for SIGKILL). Exit status
-// 0 means Stop returned cleanly.
+// "forever" waits until the batch context ends (for SIGKILL). With
+// -hold-published N, the Nth publish call produces its events, announces
+// them ("PUBLISHED-HELD n") and then waits until the batch context ends:
+// a SIGKILL then lands between the produce and the mark, mid-batch. Exit
+// status 0 means Stop returned cleanly.
 package main
 
 import (
@@ -34,9 +37,24 @@ type holdPublisher struct {
 	hold string
 	term chan struct{}
 	once sync.Once
+	// holdPublished, when > 0, is the publish call that is held after it
+	// produced.
+	holdPublished int
+	calls         int
 }
 
 func (p *holdPublisher) Publish(ctx context.Context, events []outbox.Event) error {
+	if p.holdPublished > 0 {
+		p.calls++
+		if p.calls == p.holdPublished {
+			if err := p.next.Publish(ctx, events); err != nil {
+				return err
+			}
+			fmt.Printf("PUBLISHED-HELD %d\n", len(events))
+			<-ctx.Done()
+			return ctx.Err()
+		}
+	}
 	if p.hold != "" {
 		first := false
 		p.once.Do(func() { first = true })
@@ -68,6 +86,8 @@ func main() {
 	batchSize := flag.Int("batch-size", 100, "batch size")
 	retention := flag.Duration("retention", -1, "retention of PUBLISHED rows (negative: no purge)")
 	purgeBatch := flag.Int("purge-batch-size", 1000, "rows per purge statement")
+	holdPublished := flag.Int("hold-published", 0, "hold the Nth publish call after it produced (0: none)")
+	owner := flag.String("owner", "", "relay owner name")
 	flag.Parse()
 
 	// The hold waits for SIGTERM on its own channel; the relay's context
@@ -83,18 +103,18 @@ func main() {
 		LeaseTTL: *leaseTTL, BatchTimeout: *batchTimeout, BatchSize: *batchSize,
 		ReapInterval: 100 * time.Millisecond, PollInterval: 100 * time.Millisecond,
 		Retention: *retention, PurgeInterval: 100 * time.Millisecond, PurgeBatchSize: *purgeBatch,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)), Owner: *owner,
 	}
 	if *mode == "two-phase" {
 		cfg.Mode = outbox.TwoPhase
 	}
-	if err := run(ctx, *dbURL, *brokers, *hold, cfg, termed); err != nil {
+	if err := run(ctx, *dbURL, *brokers, &holdPublisher{hold: *hold, term: termed, holdPublished: *holdPublished}, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "relaytest:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dbURL, brokers, hold string, cfg outbox.RelayConfig, termed chan struct{}) error {
+func run(ctx context.Context, dbURL, brokers string, hp *holdPublisher, cfg outbox.RelayConfig) error {
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		return err
@@ -109,7 +129,8 @@ func run(ctx context.Context, dbURL, brokers, hold string, cfg outbox.RelayConfi
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(pool, &holdPublisher{next: pub, hold: hold, term: termed}, &cfg)
+	hp.next = pub
+	relay, err := outbox.NewRelay(pool, hp, &cfg)
 	if err != nil {
 		return err
 	}

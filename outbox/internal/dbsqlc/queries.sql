@@ -5,7 +5,11 @@
 -- waits there, then numbers its events after the first ones (or reuses
 -- the numbers if the first rolled back). Sequence order is therefore
 -- commit order, with no gaps. Aggregates are locked in sorted order so that
--- two multi-aggregate enqueues cannot deadlock each other.
+-- two multi-aggregate enqueues cannot deadlock each other. The counter row
+-- also says whether the aggregate is blocked (a failed event waits): the
+-- upsert returns its latest version, read under the lock, so a new event
+-- of a blocked aggregate is written held, and one written after the
+-- release is not (see BlockAggregates).
 -- name: Enqueue :many
 WITH input AS (
     SELECT t.*, row_number() OVER () AS ord
@@ -29,12 +33,12 @@ bumped AS (
     SELECT c.aggregate_type, c.aggregate_id, c.n FROM counts c
     ORDER BY c.aggregate_type, c.aggregate_id
     ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = a.last_seq + EXCLUDED.last_seq
-    RETURNING a.aggregate_type, a.aggregate_id, a.last_seq
+    RETURNING a.aggregate_type, a.aggregate_id, a.last_seq, a.blocked
 )
-INSERT INTO outbox_event (topic, aggregate_type, aggregate_id, aggregate_seq, event_id, event_type, payload, headers)
+INSERT INTO outbox_event (topic, aggregate_type, aggregate_id, aggregate_seq, event_id, event_type, payload, headers, held)
 SELECT i.topic, i.aggregate_type, i.aggregate_id,
        b.last_seq - c.n + row_number() OVER (PARTITION BY i.aggregate_type, i.aggregate_id ORDER BY i.ord),
-       i.event_id, i.event_type, i.payload, i.headers::jsonb
+       i.event_id, i.event_type, i.payload, i.headers::jsonb, b.blocked
 FROM input i
 JOIN counts c ON c.aggregate_type = i.aggregate_type AND c.aggregate_id = i.aggregate_id
 JOIN bumped b ON b.aggregate_type = i.aggregate_type AND b.aggregate_id = i.aggregate_id
@@ -48,19 +52,83 @@ RETURNING id, aggregate_seq;
 -- with no unpublished (PENDING, PUBLISHING or DEAD) event of the same
 -- aggregate before them; checking the direct predecessor (seq - 1) is
 -- enough, because sequences have no gaps and an event is published only
--- after its predecessor (a purged predecessor was published). Locking a head (FOR UPDATE SKIP LOCKED) gives
--- this relay the whole aggregate: every later event of it has the head as
--- an unpublished predecessor, so no other relay sees it as a head. The
--- claim then extends each head with the contiguous run of PENDING,
--- available events behind it, heads first, so a batch can carry many
--- events of one aggregate without ever skipping one. The head test reads a
--- snapshot that may be stale, but staleness only makes it stricter:
--- an event never goes from PUBLISHED back to unpublished.
+-- after its predecessor (a purged predecessor was published). Locking a
+-- head (FOR UPDATE SKIP LOCKED) gives this relay the whole aggregate:
+-- every later event of it has the head as an unpublished predecessor, so
+-- no other relay sees it as a head. The claim then extends each head with
+-- the contiguous run of PENDING, available events behind it, heads first,
+-- so a batch can carry many events of one aggregate without ever skipping
+-- one. The head test reads a snapshot that may be stale, but staleness
+-- only makes it stricter: an event never goes from PUBLISHED back to
+-- unpublished.
+--
+-- Finding the heads, in two ways, the second only when the first falls
+-- short of the batch; both read only unpublished rows that are not held
+-- (events held behind a DEAD or failing event cost nothing):
+--  1. by_id: the oldest batch_size such rows, by id (outbox_event_claim_idx),
+--     that are heads. Cheapest when the oldest events are of different
+--     aggregates (each is its aggregate's head); the window bounds what it
+--     reads when they are not (one aggregate's 100,000 events, other
+--     relays' batches, heads in backoff).
+--  2. by_aggregate: a skip scan of outbox_event_claim_agg_idx, by
+--     (aggregate_type, aggregate_id, aggregate_seq): a recursive CTE takes
+--     each aggregate's first such row with one index descent, so its cost
+--     follows the aggregates it passes, never the events behind their
+--     heads. It starts after the relay's cursor (the aggregate its previous
+--     claim ended at) and wraps around, so that every aggregate gets its
+--     turn, and stops as soon as the batch has its heads.
+-- Either way a candidate gets the predecessor check, which does not trust
+-- held: a stale held flag can delay an event, never reorder one.
 -- name: ClaimLocked :many
-WITH heads AS (
-    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
+WITH RECURSIVE after_cursor AS (
+    (SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+     FROM outbox_event o
+     WHERE o.published_at IS NULL AND NOT o.held
+       AND (o.aggregate_type, o.aggregate_id) > (sqlc.arg(cursor_type)::text, sqlc.arg(cursor_id)::text)
+     ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+     LIMIT 1)
+    UNION ALL
+    SELECT n.* FROM after_cursor a CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+        FROM outbox_event o
+        WHERE o.published_at IS NULL AND NOT o.held
+          AND (o.aggregate_type, o.aggregate_id) > (a.aggregate_type, a.aggregate_id)
+        ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        LIMIT 1) n
+),
+up_to_cursor AS (
+    (SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+     FROM outbox_event o
+     WHERE o.published_at IS NULL AND NOT o.held
+       AND (o.aggregate_type, o.aggregate_id) <= (sqlc.arg(cursor_type)::text, sqlc.arg(cursor_id)::text)
+     ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+     LIMIT 1)
+    UNION ALL
+    SELECT n.* FROM up_to_cursor a CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+        FROM outbox_event o
+        WHERE o.published_at IS NULL AND NOT o.held
+          AND (o.aggregate_type, o.aggregate_id) > (a.aggregate_type, a.aggregate_id)
+          AND (o.aggregate_type, o.aggregate_id) <= (sqlc.arg(cursor_type)::text, sqlc.arg(cursor_id)::text)
+        ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        LIMIT 1) n
+),
+firsts AS (
+    SELECT * FROM after_cursor
+    UNION ALL
+    SELECT * FROM up_to_cursor
+),
+by_id AS (
+    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
     FROM outbox_event o
-    WHERE o.published_at IS NULL AND o.status = 'PENDING' AND o.available_at <= now()
+    WHERE o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+      -- The window's end. available_at keeps it a plain index scan: an
+      -- index-only scan would not mark the entries of rows published
+      -- since the last vacuum as dead, and would visit them all again in
+      -- every claim.
+      AND o.id <= coalesce((SELECT w.id FROM outbox_event w
+                            WHERE w.published_at IS NULL AND NOT w.held AND w.available_at IS NOT NULL
+                            ORDER BY w.id OFFSET sqlc.arg(batch_size)::int - 1 LIMIT 1), 9223372036854775807)
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
@@ -68,6 +136,32 @@ WITH heads AS (
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
     FOR UPDATE SKIP LOCKED
+),
+by_aggregate AS (
+    -- LATERAL keeps it a loop over the candidates in scan order, which
+    -- stops at the batch's size (a join could hash them all first).
+    SELECT h.id, h.aggregate_type, h.aggregate_id, h.aggregate_seq, true AS rotated
+    FROM firsts f
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        FROM outbox_event o
+        WHERE o.id = f.id
+          AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_event p
+              WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+        FOR UPDATE OF o SKIP LOCKED
+    ) h
+    WHERE f.status = 'PENDING' AND f.available_at <= now()
+      AND f.id NOT IN (SELECT by_id.id FROM by_id)
+),
+heads AS (
+    -- by_aggregate runs only when by_id falls short of the batch.
+    SELECT * FROM by_id
+    UNION ALL
+    SELECT * FROM by_aggregate
+    LIMIT sqlc.arg(batch_size)::int
 ),
 per_head AS (
     SELECT ((sqlc.arg(batch_size)::int - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1))::int AS n FROM heads
@@ -97,7 +191,8 @@ claim AS (
     LIMIT sqlc.arg(batch_size)::int
 )
 SELECT e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
-       e.payload, e.headers, e.attempts, e.created_at
+       e.payload, e.headers, e.attempts, e.created_at,
+       (e.id IN (SELECT heads.id FROM heads WHERE heads.rotated))::bool AS rotated
 FROM outbox_event e
 WHERE e.id IN (SELECT claim.id FROM claim);
 
@@ -111,10 +206,55 @@ WHERE e.id IN (SELECT claim.id FROM claim);
 -- at once. attempts counts claims, so a relay that dies mid-publish has
 -- used an attempt.
 -- name: ClaimLease :many
-WITH heads AS (
-    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
+WITH RECURSIVE after_cursor AS (
+    (SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+     FROM outbox_event o
+     WHERE o.published_at IS NULL AND NOT o.held
+       AND (o.aggregate_type, o.aggregate_id) > (sqlc.arg(cursor_type)::text, sqlc.arg(cursor_id)::text)
+     ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+     LIMIT 1)
+    UNION ALL
+    SELECT n.* FROM after_cursor a CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+        FROM outbox_event o
+        WHERE o.published_at IS NULL AND NOT o.held
+          AND (o.aggregate_type, o.aggregate_id) > (a.aggregate_type, a.aggregate_id)
+        ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        LIMIT 1) n
+),
+up_to_cursor AS (
+    (SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+     FROM outbox_event o
+     WHERE o.published_at IS NULL AND NOT o.held
+       AND (o.aggregate_type, o.aggregate_id) <= (sqlc.arg(cursor_type)::text, sqlc.arg(cursor_id)::text)
+     ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+     LIMIT 1)
+    UNION ALL
+    SELECT n.* FROM up_to_cursor a CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
+        FROM outbox_event o
+        WHERE o.published_at IS NULL AND NOT o.held
+          AND (o.aggregate_type, o.aggregate_id) > (a.aggregate_type, a.aggregate_id)
+          AND (o.aggregate_type, o.aggregate_id) <= (sqlc.arg(cursor_type)::text, sqlc.arg(cursor_id)::text)
+        ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        LIMIT 1) n
+),
+firsts AS (
+    SELECT * FROM after_cursor
+    UNION ALL
+    SELECT * FROM up_to_cursor
+),
+by_id AS (
+    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
     FROM outbox_event o
-    WHERE o.published_at IS NULL AND o.status = 'PENDING' AND o.available_at <= now()
+    WHERE o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+      -- The window's end. available_at keeps it a plain index scan: an
+      -- index-only scan would not mark the entries of rows published
+      -- since the last vacuum as dead, and would visit them all again in
+      -- every claim.
+      AND o.id <= coalesce((SELECT w.id FROM outbox_event w
+                            WHERE w.published_at IS NULL AND NOT w.held AND w.available_at IS NOT NULL
+                            ORDER BY w.id OFFSET sqlc.arg(batch_size)::int - 1 LIMIT 1), 9223372036854775807)
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
@@ -122,6 +262,32 @@ WITH heads AS (
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
     FOR UPDATE SKIP LOCKED
+),
+by_aggregate AS (
+    -- LATERAL keeps it a loop over the candidates in scan order, which
+    -- stops at the batch's size (a join could hash them all first).
+    SELECT h.id, h.aggregate_type, h.aggregate_id, h.aggregate_seq, true AS rotated
+    FROM firsts f
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        FROM outbox_event o
+        WHERE o.id = f.id
+          AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_event p
+              WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+        FOR UPDATE OF o SKIP LOCKED
+    ) h
+    WHERE f.status = 'PENDING' AND f.available_at <= now()
+      AND f.id NOT IN (SELECT by_id.id FROM by_id)
+),
+heads AS (
+    -- by_aggregate runs only when by_id falls short of the batch.
+    SELECT * FROM by_id
+    UNION ALL
+    SELECT * FROM by_aggregate
+    LIMIT sqlc.arg(batch_size)::int
 ),
 per_head AS (
     SELECT ((sqlc.arg(batch_size)::int - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1))::int AS n FROM heads
@@ -152,10 +318,11 @@ claim AS (
 )
 UPDATE outbox_event e
 SET status = 'PUBLISHING', lease_owner = sqlc.arg(owner)::text, lease_token = sqlc.arg(token)::bigint,
-    locked_at = now(), attempts = e.attempts + 1
+    locked_at = now(), attempts = e.attempts + 1, held = false
 WHERE e.id IN (SELECT claim.id FROM claim)
 RETURNING e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
-          e.payload, e.headers, e.attempts, e.created_at;
+          e.payload, e.headers, e.attempts, e.created_at,
+          (e.id IN (SELECT heads.id FROM heads WHERE heads.rotated))::bool AS rotated;
 
 -- name: MarkPublishedLocked :execrows
 UPDATE outbox_event
@@ -200,12 +367,14 @@ RETURNING e.id, (e.status = 'DEAD')::bool AS dead;
 
 -- ReapLeases returns expired leases to PENDING with attempts preserved, or
 -- to DEAD when the attempts are used up, and returns the rows it changed.
+-- A PUBLISHING row is never held (ClaimLease clears it), so the claim's
+-- index has them all.
 -- name: ReapLeases :many
 UPDATE outbox_event
 SET status = CASE WHEN attempts >= sqlc.arg(max_attempts)::int THEN 'DEAD' ELSE 'PENDING' END,
     last_error = 'outbox: lease of ' || coalesce(lease_owner, '?') || ' expired',
     lease_owner = NULL, lease_token = NULL, locked_at = NULL
-WHERE published_at IS NULL AND status = 'PUBLISHING'
+WHERE published_at IS NULL AND NOT held AND status = 'PUBLISHING'
   AND locked_at < now() - sqlc.arg(ttl_ms)::bigint * interval '1 millisecond'
 RETURNING id, event_id, event_type, topic, aggregate_type, aggregate_id, aggregate_seq, attempts,
           (status = 'DEAD')::bool AS dead;
@@ -238,7 +407,94 @@ WHERE status = 'DEAD'
 ORDER BY id
 LIMIT sqlc.arg(max_rows)::int;
 
--- name: Requeue :execrows
+-- name: Requeue :many
 UPDATE outbox_event
-SET status = 'PENDING', attempts = 0, available_at = now()
-WHERE event_id = ANY(sqlc.arg(event_ids)::text[]) AND status = 'DEAD';
+SET status = 'PENDING', attempts = 0, available_at = now(), held = false
+WHERE event_id = ANY(sqlc.arg(event_ids)::text[]) AND status = 'DEAD'
+RETURNING aggregate_type, aggregate_id, aggregate_seq;
+
+-- Blocked aggregates. An aggregate is blocked while its first unpublished
+-- event has failed (DEAD, or PENDING in its backoff): its later events are
+-- held, out of the claim's index, and so is a DEAD event. The truth is
+-- outbox_aggregate.blocked, changed only under the counter row's lock,
+-- which EnqueueTx takes too; every change is two statements in one
+-- transaction, LockAggregates first, so that the second statement's
+-- snapshot, taken after the lock was granted, sees every event committed
+-- by an enqueue that read the old flag, and every later enqueue waits for
+-- the commit and reads the new one:
+--  1. BlockAggregates (a relay, in the transaction that records the
+--     failure): blocked, and the events after the failed one held;
+--  2. ReleaseAggregates (a relay, when an event that had failed before is
+--     delivered; Requeue; the sweep): not blocked, the events after the
+--     given sequence released, DEAD ones excepted.
+-- name: LockAggregates :exec
+SELECT 1 FROM outbox_aggregate a
+JOIN (SELECT unnest(sqlc.arg(aggregate_types)::text[]) AS t, unnest(sqlc.arg(aggregate_ids)::text[]) AS i) u
+  ON a.aggregate_type = u.t AND a.aggregate_id = u.i
+ORDER BY a.aggregate_type, a.aggregate_id
+FOR UPDATE OF a;
+
+-- BlockAggregates holds, of each aggregate, the events after seq (and the
+-- event at seq if DEAD), unless that event was published meanwhile.
+-- name: BlockAggregates :exec
+WITH u AS (
+    SELECT unnest(sqlc.arg(aggregate_types)::text[]) AS t, unnest(sqlc.arg(aggregate_ids)::text[]) AS i,
+           unnest(sqlc.arg(seqs)::bigint[]) AS s
+),
+live AS (
+    SELECT u.* FROM u
+    WHERE EXISTS (SELECT 1 FROM outbox_event b
+                  WHERE b.aggregate_type = u.t AND b.aggregate_id = u.i AND b.aggregate_seq = u.s
+                    AND b.published_at IS NULL)
+),
+agg AS (
+    UPDATE outbox_aggregate a SET blocked = true
+    FROM live
+    WHERE a.aggregate_type = live.t AND a.aggregate_id = live.i AND NOT a.blocked
+    RETURNING a.aggregate_type
+)
+UPDATE outbox_event e SET held = true
+FROM live
+WHERE e.aggregate_type = live.t AND e.aggregate_id = live.i AND e.aggregate_seq >= live.s
+  AND e.published_at IS NULL AND NOT e.held
+  AND (e.aggregate_seq > live.s OR e.status = 'DEAD');
+
+-- name: ReleaseAggregates :exec
+WITH u AS (
+    SELECT unnest(sqlc.arg(aggregate_types)::text[]) AS t, unnest(sqlc.arg(aggregate_ids)::text[]) AS i,
+           unnest(sqlc.arg(seqs)::bigint[]) AS s
+),
+agg AS (
+    UPDATE outbox_aggregate a SET blocked = false
+    FROM u
+    WHERE a.aggregate_type = u.t AND a.aggregate_id = u.i AND a.blocked
+    RETURNING a.aggregate_type
+)
+UPDATE outbox_event e SET held = false
+FROM u
+WHERE e.aggregate_type = u.t AND e.aggregate_id = u.i AND e.aggregate_seq > u.s
+  AND e.held AND e.published_at IS NULL AND e.status <> 'DEAD';
+
+-- OrphanBlocked locks blocked aggregates that have no failed event left
+-- (whatever removed it: a publish whose release was lost in a crash, a
+-- row deleted by hand), for the sweep to release. Locked ones are skipped:
+-- a relay or an enqueue is at them.
+--
+-- An aggregate's published events are a prefix of its sequence (each is
+-- published after its predecessor), so its unpublished ones are the
+-- suffix after the last published one, found by reading the sequence
+-- backwards: the check reads that suffix, not the retained history.
+-- name: OrphanBlocked :many
+SELECT a.aggregate_type, a.aggregate_id FROM outbox_aggregate a
+WHERE a.blocked
+  AND NOT EXISTS (SELECT 1 FROM outbox_event e
+                  WHERE e.aggregate_type = a.aggregate_type AND e.aggregate_id = a.aggregate_id
+                    AND e.aggregate_seq > coalesce((
+                        SELECT p.aggregate_seq FROM outbox_event p
+                        WHERE p.aggregate_type = a.aggregate_type AND p.aggregate_id = a.aggregate_id
+                          AND p.published_at IS NOT NULL
+                        ORDER BY p.aggregate_seq DESC LIMIT 1), 0)
+                    AND e.published_at IS NULL AND (e.status = 'DEAD' OR e.attempts > 0))
+ORDER BY a.aggregate_type, a.aggregate_id
+LIMIT sqlc.arg(max_rows)::int
+FOR UPDATE OF a SKIP LOCKED;

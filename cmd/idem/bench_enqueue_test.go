@@ -1,0 +1,60 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/idemkit/idem/internal/testdb"
+)
+
+// TestBenchEnqueueJSON runs the scenario small and checks the contract:
+// one JSON object, the result names plain, enqueue-1, enqueue-10 in order,
+// ratios to plain, and the scratch schema gone
+// afterwards.
+func TestBenchEnqueueJSON(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, testdb.Empty())
+	stdout, stderr, code := runIdem(t, []string{"DATABASE_URL=" + db.URL}, "bench", "enqueue", "--json",
+		"--seconds", "1", "--rounds", "1", "--clients", "2")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var out struct {
+		Scenario string `json:"scenario"`
+		Results  []struct {
+			Name      string  `json:"name"`
+			OpsPerSec float64 `json:"ops_per_sec"`
+			P50Ms     float64 `json:"p50_ms"`
+			P99Ms     float64 `json:"p99_ms"`
+			Ops       int     `json:"ops"`
+			Ratio     float64 `json:"ratio"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &out); err != nil {
+		t.Fatalf("stdout is not one JSON object: %v\n%s", err, stdout)
+	}
+	want := []string{"plain", "enqueue-1", "enqueue-10"}
+	if out.Scenario != "enqueue" || len(out.Results) != len(want) {
+		t.Fatalf("unexpected results: %+v", out)
+	}
+	for i, r := range out.Results {
+		if r.Name != want[i] || r.Ops <= 0 || r.OpsPerSec <= 0 || r.P99Ms < r.P50Ms || r.Ratio <= 0 {
+			t.Errorf("result %d: %+v, want name %s", i, r, want[i])
+		}
+	}
+	if out.Results[0].Ratio != 1 {
+		t.Errorf("plain ratio %v, want 1", out.Results[0].Ratio)
+	}
+	var left int
+	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'bench_enqueue_%'`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d scratch schemas left behind", left)
+	}
+	for _, args := range [][]string{{"--clients", "0"}, {"--seconds", "0"}} {
+		if _, stderr, code := runIdem(t, nil, append([]string{"bench", "enqueue"}, args...)...); code != 2 {
+			t.Errorf("%v: exit %d (%s), want 2", args, code, stderr)
+		}
+	}
+}
