@@ -14,6 +14,8 @@ type Status struct {
 	Publishing int64 `json:"publishing"`
 	Published  int64 `json:"published"`
 	Dead       int64 `json:"dead"`
+	// Discarded counts events an operator discarded (Admin.Discard).
+	Discarded int64 `json:"discarded"`
 	// ExpiredLeases counts PUBLISHING rows older than the lease TTL given
 	// to GetStatus: the reaper will return them.
 	ExpiredLeases int64 `json:"expired_leases"`
@@ -48,7 +50,7 @@ func GetStatus(ctx context.Context, db DBTX, leaseTTL time.Duration, maxDead int
 		return nil, fmt.Errorf("outbox: status: %w", err)
 	}
 	st := &Status{
-		Pending: row.Pending, Publishing: row.Publishing, Published: row.Published, Dead: row.Dead,
+		Pending: row.Pending, Publishing: row.Publishing, Published: row.Published, Dead: row.Dead, Discarded: row.Discarded,
 		ExpiredLeases:        row.ExpiredLeases,
 		OldestPending:        time.Duration(row.OldestPendingSeconds * float64(time.Second)),
 		OldestPendingSeconds: row.OldestPendingSeconds,
@@ -72,11 +74,14 @@ func GetStatus(ctx context.Context, db DBTX, leaseTTL time.Duration, maxDead int
 
 // Requeue returns DEAD events to PENDING with their attempts reset, so
 // that they (and the events of their aggregates they held back) are
-// published again. It reports how many it requeued.
+// published again. It reports how many it requeued; ids that are unknown
+// or not DEAD are skipped. Admin.Requeue does the same for one event,
+// with an actor and a reason in the audit trail and an error that says
+// why an event was not requeued.
 func Requeue(ctx context.Context, db DBTX, eventIDs ...string) (int64, error) {
-	n, err := dbsqlc.New(db).Requeue(ctx, eventIDs)
+	ids, err := dbsqlc.New(db).Requeue(ctx, dbsqlc.RequeueParams{EventIds: eventIDs})
 	if err != nil {
 		return 0, fmt.Errorf("outbox: requeue: %w", err)
 	}
-	return n, nil
+	return int64(len(ids)), nil
 }

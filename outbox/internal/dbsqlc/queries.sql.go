@@ -19,7 +19,7 @@ WITH heads AS (
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status NOT IN ('PUBLISHED', 'DISCARDED'))
     ORDER BY o.id
     LIMIT $3::int
     FOR UPDATE SKIP LOCKED
@@ -128,7 +128,7 @@ WITH heads AS (
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status NOT IN ('PUBLISHED', 'DISCARDED'))
     ORDER BY o.id
     LIMIT $1::int
     FOR UPDATE SKIP LOCKED
@@ -187,7 +187,9 @@ type ClaimLockedRow struct {
 // with no unpublished (PENDING, PUBLISHING or DEAD) event of the same
 // aggregate before them; checking the direct predecessor (seq - 1) is
 // enough, because sequences have no gaps and an event is published only
-// after its predecessor (a purged predecessor was published). Locking a head (FOR UPDATE SKIP LOCKED) gives
+// after its predecessor (a purged predecessor was published). A DISCARDED
+// predecessor (an operator's decision, see outbox.Admin.Discard) counts as
+// done, like a PUBLISHED one. Locking a head (FOR UPDATE SKIP LOCKED) gives
 // this relay the whole aggregate: every later event of it has the head as
 // an unpublished predecessor, so no other relay sees it as a head. The
 // claim then extends each head with the contiguous run of PENDING,
@@ -278,6 +280,46 @@ func (q *Queries) DeadEvents(ctx context.Context, maxRows int32) ([]DeadEventsRo
 	return items, nil
 }
 
+const discard = `-- name: Discard :many
+UPDATE outbox_event
+SET status = 'DISCARDED',
+    audit = coalesce(audit, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+        'action', 'discard', 'actor', $1::text, 'reason', $2::text,
+        'from', status, 'at', now()))
+WHERE event_id = $3::text AND status = 'DEAD'
+RETURNING event_id
+`
+
+type DiscardParams struct {
+	Actor   string
+	Reason  string
+	EventID string
+}
+
+// Discard moves a DEAD event to the terminal DISCARDED state, which
+// releases the later events of its aggregate (see the claims' head check).
+// Only DEAD: a PENDING or PUBLISHING event may be in a relay's hands at
+// this moment, and discarding it could not stop a publish under way.
+func (q *Queries) Discard(ctx context.Context, arg DiscardParams) ([]string, error) {
+	rows, err := q.db.Query(ctx, discard, arg.Actor, arg.Reason, arg.EventID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var event_id string
+		if err := rows.Scan(&event_id); err != nil {
+			return nil, err
+		}
+		items = append(items, event_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const enqueue = `-- name: Enqueue :many
 WITH input AS (
     SELECT t.topic, t.aggregate_type, t.aggregate_id, t.event_id, t.event_type, t.payload, t.headers, row_number() OVER () AS ord
@@ -355,6 +397,109 @@ func (q *Queries) Enqueue(ctx context.Context, arg EnqueueParams) ([]EnqueueRow,
 	for rows.Next() {
 		var i EnqueueRow
 		if err := rows.Scan(&i.ID, &i.AggregateSeq); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const eventStatus = `-- name: EventStatus :one
+SELECT status FROM outbox_event WHERE event_id = $1::text
+`
+
+func (q *Queries) EventStatus(ctx context.Context, eventID string) (string, error) {
+	row := q.db.QueryRow(ctx, eventStatus, eventID)
+	var status string
+	err := row.Scan(&status)
+	return status, err
+}
+
+const listEvents = `-- name: ListEvents :many
+SELECT id, event_id, topic, aggregate_type, aggregate_id, aggregate_seq, event_type, payload, headers,
+       status, attempts, available_at, lease_owner, locked_at, created_at, published_at,
+       coalesce(last_error, '')::text AS last_error, audit
+FROM outbox_event
+WHERE id > $1::bigint
+  AND ($2::text IS NULL OR status = $2::text)
+  AND ($3::text IS NULL OR aggregate_type = $3::text)
+  AND ($4::text IS NULL OR aggregate_id = $4::text)
+  AND ($5::text IS NULL OR topic = $5::text)
+ORDER BY id
+LIMIT $6::int
+`
+
+type ListEventsParams struct {
+	AfterID       int64
+	Status        pgtype.Text
+	AggregateType pgtype.Text
+	AggregateID   pgtype.Text
+	Topic         pgtype.Text
+	MaxRows       int32
+}
+
+type ListEventsRow struct {
+	ID            int64
+	EventID       string
+	Topic         string
+	AggregateType string
+	AggregateID   string
+	AggregateSeq  int64
+	EventType     string
+	Payload       []byte
+	Headers       []byte
+	Status        string
+	Attempts      int32
+	AvailableAt   pgtype.Timestamptz
+	LeaseOwner    pgtype.Text
+	LockedAt      pgtype.Timestamptz
+	CreatedAt     pgtype.Timestamptz
+	PublishedAt   pgtype.Timestamptz
+	LastError     string
+	Audit         []byte
+}
+
+// ListEvents lists events matching every given filter, in id order
+// (enqueue order), after the id given (for paging).
+func (q *Queries) ListEvents(ctx context.Context, arg ListEventsParams) ([]ListEventsRow, error) {
+	rows, err := q.db.Query(ctx, listEvents,
+		arg.AfterID,
+		arg.Status,
+		arg.AggregateType,
+		arg.AggregateID,
+		arg.Topic,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ListEventsRow
+	for rows.Next() {
+		var i ListEventsRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.EventID,
+			&i.Topic,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateSeq,
+			&i.EventType,
+			&i.Payload,
+			&i.Headers,
+			&i.Status,
+			&i.Attempts,
+			&i.AvailableAt,
+			&i.LeaseOwner,
+			&i.LockedAt,
+			&i.CreatedAt,
+			&i.PublishedAt,
+			&i.LastError,
+			&i.Audit,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -592,18 +737,151 @@ func (q *Queries) ReapLeases(ctx context.Context, arg ReapLeasesParams) ([]ReapL
 	return items, nil
 }
 
-const requeue = `-- name: Requeue :execrows
+const requeue = `-- name: Requeue :many
 UPDATE outbox_event
-SET status = 'PENDING', attempts = 0, available_at = now()
-WHERE event_id = ANY($1::text[]) AND status = 'DEAD'
+SET status = 'PENDING', attempts = 0, available_at = now(),
+    audit = coalesce(audit, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+        'action', 'requeue', 'actor', $1::text, 'reason', $2::text,
+        'from', status, 'at', now()))
+WHERE event_id = ANY($3::text[]) AND status = 'DEAD'
+RETURNING event_id
 `
 
-func (q *Queries) Requeue(ctx context.Context, eventIds []string) (int64, error) {
-	result, err := q.db.Exec(ctx, requeue, eventIds)
+type RequeueParams struct {
+	Actor    string
+	Reason   string
+	EventIds []string
+}
+
+// Requeue returns DEAD events to PENDING, attempts reset, and appends
+// the action to each row's audit trail. The status guard makes two
+// concurrent requeues of one event safe: the second waits for the first's
+// row lock, re-reads the row (READ COMMITTED), finds it PENDING and
+// changes nothing. DEAD rows are never touched by a relay (its claims,
+// marks and reaper all require PENDING or PUBLISHING), so an operator
+// action cannot race with a batch.
+func (q *Queries) Requeue(ctx context.Context, arg RequeueParams) ([]string, error) {
+	rows, err := q.db.Query(ctx, requeue, arg.Actor, arg.Reason, arg.EventIds)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var event_id string
+		if err := rows.Scan(&event_id); err != nil {
+			return nil, err
+		}
+		items = append(items, event_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const requeueDead = `-- name: RequeueDead :many
+UPDATE outbox_event
+SET status = 'PENDING', attempts = 0, available_at = now(),
+    audit = coalesce(audit, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+        'action', 'requeue', 'actor', $1::text, 'reason', $2::text,
+        'from', status, 'at', now()))
+WHERE status = 'DEAD'
+  AND ($3::text IS NULL OR aggregate_type = $3::text)
+  AND ($4::text IS NULL OR aggregate_id = $4::text)
+  AND ($5::text IS NULL OR topic = $5::text)
+RETURNING event_id
+`
+
+type RequeueDeadParams struct {
+	Actor         string
+	Reason        string
+	AggregateType pgtype.Text
+	AggregateID   pgtype.Text
+	Topic         pgtype.Text
+}
+
+// RequeueDead is Requeue of every DEAD event of an optional aggregate and
+// topic.
+func (q *Queries) RequeueDead(ctx context.Context, arg RequeueDeadParams) ([]string, error) {
+	rows, err := q.db.Query(ctx, requeueDead,
+		arg.Actor,
+		arg.Reason,
+		arg.AggregateType,
+		arg.AggregateID,
+		arg.Topic,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var event_id string
+		if err := rows.Scan(&event_id); err != nil {
+			return nil, err
+		}
+		items = append(items, event_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const showEvent = `-- name: ShowEvent :one
+SELECT id, event_id, topic, aggregate_type, aggregate_id, aggregate_seq, event_type, payload, headers,
+       status, attempts, available_at, lease_owner, locked_at, created_at, published_at,
+       coalesce(last_error, '')::text AS last_error, audit
+FROM outbox_event
+WHERE event_id = $1::text
+`
+
+type ShowEventRow struct {
+	ID            int64
+	EventID       string
+	Topic         string
+	AggregateType string
+	AggregateID   string
+	AggregateSeq  int64
+	EventType     string
+	Payload       []byte
+	Headers       []byte
+	Status        string
+	Attempts      int32
+	AvailableAt   pgtype.Timestamptz
+	LeaseOwner    pgtype.Text
+	LockedAt      pgtype.Timestamptz
+	CreatedAt     pgtype.Timestamptz
+	PublishedAt   pgtype.Timestamptz
+	LastError     string
+	Audit         []byte
+}
+
+func (q *Queries) ShowEvent(ctx context.Context, eventID string) (ShowEventRow, error) {
+	row := q.db.QueryRow(ctx, showEvent, eventID)
+	var i ShowEventRow
+	err := row.Scan(
+		&i.ID,
+		&i.EventID,
+		&i.Topic,
+		&i.AggregateType,
+		&i.AggregateID,
+		&i.AggregateSeq,
+		&i.EventType,
+		&i.Payload,
+		&i.Headers,
+		&i.Status,
+		&i.Attempts,
+		&i.AvailableAt,
+		&i.LeaseOwner,
+		&i.LockedAt,
+		&i.CreatedAt,
+		&i.PublishedAt,
+		&i.LastError,
+		&i.Audit,
+	)
+	return i, err
 }
 
 const status = `-- name: Status :one
@@ -612,6 +890,7 @@ SELECT
     count(*) FILTER (WHERE status = 'PUBLISHING')::bigint AS publishing,
     count(*) FILTER (WHERE status = 'PUBLISHED')::bigint AS published,
     count(*) FILTER (WHERE status = 'DEAD')::bigint AS dead,
+    count(*) FILTER (WHERE status = 'DISCARDED')::bigint AS discarded,
     count(*) FILTER (WHERE status = 'PUBLISHING'
                      AND locked_at < now() - $1::bigint * interval '1 millisecond')::bigint AS expired_leases,
     coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'PENDING')), 0)::float8 AS oldest_pending_seconds
@@ -623,6 +902,7 @@ type StatusRow struct {
 	Publishing           int64
 	Published            int64
 	Dead                 int64
+	Discarded            int64
 	ExpiredLeases        int64
 	OldestPendingSeconds float64
 }
@@ -635,6 +915,7 @@ func (q *Queries) Status(ctx context.Context, ttlMs int64) (StatusRow, error) {
 		&i.Publishing,
 		&i.Published,
 		&i.Dead,
+		&i.Discarded,
 		&i.ExpiredLeases,
 		&i.OldestPendingSeconds,
 	)
