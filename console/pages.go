@@ -40,7 +40,7 @@ var funcs = template.FuncMap{
 		}
 		return fmt.Sprint(t)
 	},
-	"dur": func(d time.Duration) string { return d.Round(time.Second).String() },
+	"dur":   func(d time.Duration) string { return d.Round(time.Second).String() },
 	"lower": strings.ToLower,
 }
 
