@@ -176,10 +176,13 @@ func (c *Console) chart() chart {
 		ch.Max = max(ch.Max, x.Pending, x.Dead)
 	}
 	top := float64(max(ch.Max, 1))
+	// The x axis spans the samples kept (at most SampleWindow), so a young
+	// console's few samples fill the chart instead of a sliver of it.
 	end := s[len(s)-1].At
+	span := max(end.Sub(s[0].At), time.Millisecond)
 	var pts, dead strings.Builder
 	for _, x := range s {
-		px := chartW - float64(end.Sub(x.At))/float64(c.cfg.SampleWindow)*chartW
+		px := chartW - float64(end.Sub(x.At))/float64(span)*chartW
 		fmt.Fprintf(&pts, "%.1f,%.1f ", px, chartH-float64(x.Pending)/top*chartH)
 		fmt.Fprintf(&dead, "%.1f,%.1f ", px, chartH-float64(x.Dead)/top*chartH)
 	}
