@@ -233,8 +233,12 @@ func eventRecord(r dbsqlc.ShowEventRow) EventRecord {
 // has just requeued: of two concurrent requeues of one event exactly one
 // succeeds.
 func (a *Admin) Requeue(ctx context.Context, eventID string, act Action) error {
-	ids, err := dbsqlc.New(a.db).Requeue(ctx, dbsqlc.RequeueParams{
-		EventIds: []string{eventID}, Actor: auditText(act.Actor), Reason: auditText(act.Reason),
+	var ids []string
+	err := a.change(ctx, func(q *dbsqlc.Queries) (err error) {
+		ids, err = q.Requeue(ctx, dbsqlc.RequeueParams{
+			EventIds: []string{eventID}, Actor: auditText(act.Actor), Reason: auditText(act.Reason),
+		})
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("outbox: requeue: %w", err)
@@ -252,9 +256,13 @@ func (a *Admin) RequeueDead(ctx context.Context, f ListFilter, act Action) ([]st
 	if f.Status != "" && f.Status != StatusDead {
 		return nil, fmt.Errorf("%w: Status %q: only DEAD events are requeued", ErrInvalidFilter, f.Status)
 	}
-	ids, err := dbsqlc.New(a.db).RequeueDead(ctx, dbsqlc.RequeueDeadParams{
-		Actor: auditText(act.Actor), Reason: auditText(act.Reason),
-		AggregateType: narg(f.AggregateType), AggregateID: narg(f.AggregateID), Topic: narg(f.Topic),
+	var ids []string
+	err := a.change(ctx, func(q *dbsqlc.Queries) (err error) {
+		ids, err = q.RequeueDead(ctx, dbsqlc.RequeueDeadParams{
+			Actor: auditText(act.Actor), Reason: auditText(act.Reason),
+			AggregateType: narg(f.AggregateType), AggregateID: narg(f.AggregateID), Topic: narg(f.Topic),
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: requeue: %w", err)
@@ -275,8 +283,12 @@ func (a *Admin) Discard(ctx context.Context, eventID string, act Action) error {
 	if strings.TrimSpace(act.Reason) == "" {
 		return ErrReasonRequired
 	}
-	ids, err := dbsqlc.New(a.db).Discard(ctx, dbsqlc.DiscardParams{
-		EventID: eventID, Actor: auditText(act.Actor), Reason: auditText(act.Reason),
+	var ids []string
+	err := a.change(ctx, func(q *dbsqlc.Queries) (err error) {
+		ids, err = q.Discard(ctx, dbsqlc.DiscardParams{
+			EventID: eventID, Actor: auditText(act.Actor), Reason: auditText(act.Reason),
+		})
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("outbox: discard: %w", err)
@@ -285,6 +297,29 @@ func (a *Admin) Discard(ctx context.Context, eventID string, act Action) error {
 		return nil
 	}
 	return a.refusal(ctx, eventID, "discard")
+}
+
+// change runs one admin change in a transaction of its own when db can
+// begin one (a pool, a connection; a pgx.Tx gives a savepoint), else on
+// db as it is. Every status change an operator makes goes through here,
+// so that whatever must change with it (the release of the events an
+// aggregate held back, when the relay tracks them) commits with it.
+func (a *Admin) change(ctx context.Context, fn func(q *dbsqlc.Queries) error) error {
+	b, ok := a.db.(interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	})
+	if !ok {
+		return fn(dbsqlc.New(a.db))
+	}
+	tx, err := b.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	if err := fn(dbsqlc.New(tx)); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // refusal explains why a guarded update changed nothing.
