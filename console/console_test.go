@@ -14,8 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/idemkit/idem/console"
 	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkafka"
+	"github.com/idemkit/idem/kafka"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -290,5 +294,55 @@ func TestNewValidatesAndStops(t *testing.T) {
 	}
 	if err := con.HardStop(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The dead-letter page lists a topic's records; redrive (POST with CSRF)
+// republishes them once, and only for the console's topics.
+func TestDeadLetterPageRedrive(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	kc := testkafka.New(t)
+	kc.CreateTopic(t, "orders.events", 1)
+	kc.CreateTopic(t, "orders.events.dlq", 1)
+	rec := &kgo.Record{Topic: "orders.events.dlq", Key: []byte("o1"), Value: []byte(`{"x":1}`), Headers: []kgo.RecordHeader{
+		{Key: kafka.HeaderEventID, Value: []byte("ev-1")},
+		{Key: kafka.HeaderDeadLetterError, Value: []byte("handler: boom")},
+		{Key: kafka.HeaderDeadLetterSource, Value: []byte("orders.events/0/0")},
+	}}
+	if err := kc.Client(t).ProduceSync(context.Background(), rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	con, err := console.New(db.Pool, &console.Config{DLQ: kafka.NewDLQ(kgo.SeedBrokers(kc.Addrs...)),
+		DeadLetterTopics: []string{"orders.events.dlq"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(con)
+	t.Cleanup(srv.Close)
+	c := client(t)
+	code, body, _ := get(t, c, srv.URL+"/dlq")
+	if code != 200 || !strings.Contains(body, "handler: boom") || !strings.Contains(body, "ev-1") {
+		t.Fatalf("dlq page %d:\n%s", code, body)
+	}
+	tok := csrfOf(t, body)
+	if code, _, _ := postForm(t, c, srv.URL+"/dlq/redrive", url.Values{"from": {"orders.events.dlq"}}); code != http.StatusForbidden {
+		t.Errorf("redrive without CSRF: %d", code)
+	}
+	_, _, hdr := postForm(t, c, srv.URL+"/dlq/redrive", url.Values{"from": {"other.dlq"}, "csrf": {tok}})
+	if !strings.Contains(hdr.Get("Location"), "err=") {
+		t.Errorf("redrive of a topic not configured: %v", hdr)
+	}
+	for _, want := range []string{"redrove+1+records", "redrove+0+records"} {
+		_, _, hdr = postForm(t, c, srv.URL+"/dlq/redrive", url.Values{"from": {"orders.events.dlq"}, "csrf": {tok}})
+		if !strings.Contains(hdr.Get("Location"), want) {
+			t.Errorf("redrive: %s, want %s", hdr.Get("Location"), want)
+		}
+	}
+	if got := kc.ReadAll(t, "orders.events", 1, 20*time.Second); len(got) != 1 || string(got[0].Key) != "o1" {
+		t.Fatalf("orders.events: %v", got)
+	}
+	if recs, err := kafka.NewDLQ(kgo.SeedBrokers(kc.Addrs...)).List(context.Background(), "orders.events", 0); err != nil || len(recs) != 1 {
+		t.Errorf("orders.events holds %d records, want 1: %v", len(recs), err)
 	}
 }
