@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem/console"
+	"github.com/idemkit/idem/idempotency"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testkafka"
 	"github.com/idemkit/idem/kafka"
@@ -344,5 +345,20 @@ func TestDeadLetterPageRedrive(t *testing.T) {
 	}
 	if recs, err := kafka.NewDLQ(kgo.SeedBrokers(kc.Addrs...)).List(context.Background(), "orders.events", 0); err != nil || len(recs) != 1 {
 		t.Errorf("orders.events holds %d records, want 1: %v", len(recs), err)
+	}
+}
+
+// IdempotencyHook feeds the keys page with conflicts and mismatches only.
+func TestIdempotencyHookRecentEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "", "")
+	hook := b.con.IdempotencyHook()
+	ctx := context.Background()
+	hook(ctx, idempotency.Event{Kind: idempotency.EventMismatch, Method: "POST", Route: "POST /orders/{id}/confirm"})
+	hook(ctx, idempotency.Event{Kind: idempotency.EventReplay, Method: "POST", Route: "POST /replayed"})
+	hook(ctx, idempotency.Event{Kind: idempotency.EventConflict, Method: "POST", Route: "POST /payments"})
+	_, body, _ := get(t, client(t), b.srv.URL+"/keys")
+	if !strings.Contains(body, "mismatch") || !strings.Contains(body, "POST /payments") || strings.Contains(body, "/replayed") {
+		t.Errorf("keys page:\n%s", body)
 	}
 }
