@@ -98,7 +98,11 @@ func NewDLQ(opts ...kgo.Opt) *DLQ { return &DLQ{opts: opts} }
 
 // readRange calls fn for every record of topic in [start, end) per
 // partition, in per-partition order, and returns when each partition has
-// reached its end or ctx ends.
+// reached its end or ctx ends. A partition is done when the record at
+// end-1 has been read, so a topic written by a transactional producer
+// (whose last offset may be a commit marker, never returned) is read until
+// ctx ends: the callers bound ctx. Dead-letter topics are written by the
+// consumer's plain producer.
 func (d *DLQ) readRange(ctx context.Context, topic string, start, end map[int32]int64, fn func(*kgo.Record) error) error {
 	offsets := map[int32]kgo.Offset{}
 	for p, s := range start {
