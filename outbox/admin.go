@@ -233,17 +233,20 @@ func eventRecord(r dbsqlc.ShowEventRow) EventRecord {
 // has just requeued: of two concurrent requeues of one event exactly one
 // succeeds.
 func (a *Admin) Requeue(ctx context.Context, eventID string, act Action) error {
-	var ids []string
-	err := a.change(ctx, func(q *dbsqlc.Queries) (err error) {
-		ids, err = q.Requeue(ctx, dbsqlc.RequeueParams{
+	rows, err := a.change(ctx, func(q *dbsqlc.Queries) ([]changedRow, error) {
+		rs, err := q.Requeue(ctx, dbsqlc.RequeueParams{
 			EventIds: []string{eventID}, Actor: auditText(act.Actor), Reason: auditText(act.Reason),
 		})
-		return err
+		out := make([]changedRow, len(rs))
+		for i, r := range rs {
+			out[i] = changedRow{r.EventID, r.AggregateType, r.AggregateID, r.AggregateSeq}
+		}
+		return out, err
 	})
 	if err != nil {
 		return fmt.Errorf("outbox: requeue: %w", err)
 	}
-	if len(ids) == 1 {
+	if len(rows) == 1 {
 		return nil
 	}
 	return a.refusal(ctx, eventID, "requeue")
@@ -256,19 +259,23 @@ func (a *Admin) RequeueDead(ctx context.Context, f ListFilter, act Action) ([]st
 	if f.Status != "" && f.Status != StatusDead {
 		return nil, fmt.Errorf("%w: Status %q: only DEAD events are requeued", ErrInvalidFilter, f.Status)
 	}
-	var ids []string
-	err := a.change(ctx, func(q *dbsqlc.Queries) (err error) {
-		ids, err = q.RequeueDead(ctx, dbsqlc.RequeueDeadParams{
+	rows, err := a.change(ctx, func(q *dbsqlc.Queries) ([]changedRow, error) {
+		rs, err := q.RequeueDead(ctx, dbsqlc.RequeueDeadParams{
 			Actor: auditText(act.Actor), Reason: auditText(act.Reason),
 			AggregateType: narg(f.AggregateType), AggregateID: narg(f.AggregateID), Topic: narg(f.Topic),
 		})
-		return err
+		out := make([]changedRow, len(rs))
+		for i, r := range rs {
+			out[i] = changedRow{r.EventID, r.AggregateType, r.AggregateID, r.AggregateSeq}
+		}
+		return out, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: requeue: %w", err)
 	}
-	if ids == nil {
-		ids = []string{}
+	ids := make([]string, len(rows))
+	for i, r := range rows {
+		ids[i] = r.EventID
 	}
 	return ids, nil
 }
@@ -283,44 +290,71 @@ func (a *Admin) Discard(ctx context.Context, eventID string, act Action) error {
 	if strings.TrimSpace(act.Reason) == "" {
 		return ErrReasonRequired
 	}
-	var ids []string
-	err := a.change(ctx, func(q *dbsqlc.Queries) (err error) {
-		ids, err = q.Discard(ctx, dbsqlc.DiscardParams{
+	rows, err := a.change(ctx, func(q *dbsqlc.Queries) ([]changedRow, error) {
+		rs, err := q.Discard(ctx, dbsqlc.DiscardParams{
 			EventID: eventID, Actor: auditText(act.Actor), Reason: auditText(act.Reason),
 		})
-		return err
+		out := make([]changedRow, len(rs))
+		for i, r := range rs {
+			out[i] = changedRow{r.EventID, r.AggregateType, r.AggregateID, r.AggregateSeq}
+		}
+		return out, err
 	})
 	if err != nil {
 		return fmt.Errorf("outbox: discard: %w", err)
 	}
-	if len(ids) == 1 {
+	if len(rows) == 1 {
 		return nil
 	}
 	return a.refusal(ctx, eventID, "discard")
 }
 
+// changedRow is an event an admin change moved out of DEAD: where its
+// aggregate's later events stand.
+type changedRow struct {
+	EventID, AggregateType, AggregateID string
+	Seq                                 int64
+}
+
 // change runs one admin change in a transaction of its own when db can
 // begin one (a pool, a connection; a pgx.Tx gives a savepoint), else on
-// db as it is. Every status change an operator makes goes through here,
-// so that whatever must change with it (the release of the events an
-// aggregate held back, when the relay tracks them) commits with it.
-func (a *Admin) change(ctx context.Context, fn func(q *dbsqlc.Queries) error) error {
+// db as it is, and commits with it what afterChange does.
+func (a *Admin) change(ctx context.Context, fn func(q *dbsqlc.Queries) ([]changedRow, error)) ([]changedRow, error) {
 	b, ok := a.db.(interface {
 		Begin(ctx context.Context) (pgx.Tx, error)
 	})
 	if !ok {
-		return fn(dbsqlc.New(a.db))
+		q := dbsqlc.New(a.db)
+		rows, err := fn(q)
+		if err != nil {
+			return nil, err
+		}
+		return rows, afterChange(ctx, q, rows)
 	}
 	tx, err := b.Begin(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-	if err := fn(dbsqlc.New(tx)); err != nil {
-		return err
+	q := dbsqlc.New(tx)
+	rows, err := fn(q)
+	if err != nil {
+		return nil, err
 	}
-	return tx.Commit(ctx)
+	if err := afterChange(ctx, q, rows); err != nil {
+		return nil, err
+	}
+	return rows, tx.Commit(ctx)
 }
+
+// afterChange is what must change with the rows an operator requeued or
+// discarded, in the same transaction: nothing today, because the claim
+// reads the statuses themselves (a requeued event is PENDING again, a
+// discarded one counts as done). A relay that keeps the events behind a
+// DEAD one out of its claim must release them here (the events of rows'
+// aggregates after each row's Seq), so that every operator action goes
+// through one place.
+func afterChange(_ context.Context, _ *dbsqlc.Queries, _ []changedRow) error { return nil }
 
 // refusal explains why a guarded update changed nothing.
 func (a *Admin) refusal(ctx context.Context, eventID, action string) error {

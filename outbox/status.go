@@ -79,9 +79,16 @@ func GetStatus(ctx context.Context, db DBTX, leaseTTL time.Duration, maxDead int
 // with an actor and a reason in the audit trail and an error that says
 // why an event was not requeued.
 func Requeue(ctx context.Context, db DBTX, eventIDs ...string) (int64, error) {
-	ids, err := dbsqlc.New(db).Requeue(ctx, dbsqlc.RequeueParams{EventIds: eventIDs})
+	rows, err := NewAdmin(db).change(ctx, func(q *dbsqlc.Queries) ([]changedRow, error) {
+		rs, err := q.Requeue(ctx, dbsqlc.RequeueParams{EventIds: eventIDs})
+		out := make([]changedRow, len(rs))
+		for i, r := range rs {
+			out[i] = changedRow{r.EventID, r.AggregateType, r.AggregateID, r.AggregateSeq}
+		}
+		return out, err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("outbox: requeue: %w", err)
 	}
-	return int64(len(ids)), nil
+	return int64(len(rows)), nil
 }

@@ -242,7 +242,9 @@ ORDER BY id
 LIMIT sqlc.arg(max_rows)::int;
 
 -- Requeue returns DEAD events to PENDING, attempts reset, and appends
--- the action to each row's audit trail. The status guard makes two
+-- the action to each row's audit trail. Like RequeueDead and Discard it
+-- returns each changed event's aggregate and sequence: what must be
+-- released behind it. The status guard makes two
 -- concurrent requeues of one event safe: the second waits for the first's
 -- row lock, re-reads the row (READ COMMITTED), finds it PENDING and
 -- changes nothing. DEAD rows are never touched by a relay (its claims,
@@ -255,7 +257,7 @@ SET status = 'PENDING', attempts = 0, available_at = now(),
         'action', 'requeue', 'actor', sqlc.arg(actor)::text, 'reason', sqlc.arg(reason)::text,
         'from', status, 'at', now()))
 WHERE event_id = ANY(sqlc.arg(event_ids)::text[]) AND status = 'DEAD'
-RETURNING event_id;
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_seq;
 
 -- RequeueDead is Requeue of every DEAD event of an optional aggregate and
 -- topic.
@@ -269,7 +271,7 @@ WHERE status = 'DEAD'
   AND (sqlc.narg(aggregate_type)::text IS NULL OR aggregate_type = sqlc.narg(aggregate_type)::text)
   AND (sqlc.narg(aggregate_id)::text IS NULL OR aggregate_id = sqlc.narg(aggregate_id)::text)
   AND (sqlc.narg(topic)::text IS NULL OR topic = sqlc.narg(topic)::text)
-RETURNING event_id;
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_seq;
 
 -- Discard moves a DEAD event to the terminal DISCARDED state, which
 -- releases the later events of its aggregate (see the claims' head check).
@@ -282,7 +284,7 @@ SET status = 'DISCARDED',
         'action', 'discard', 'actor', sqlc.arg(actor)::text, 'reason', sqlc.arg(reason)::text,
         'from', status, 'at', now()))
 WHERE event_id = sqlc.arg(event_id)::text AND status = 'DEAD'
-RETURNING event_id;
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_seq;
 
 -- name: EventStatus :one
 SELECT status FROM outbox_event WHERE event_id = sqlc.arg(event_id)::text;

@@ -287,7 +287,7 @@ SET status = 'DISCARDED',
         'action', 'discard', 'actor', $1::text, 'reason', $2::text,
         'from', status, 'at', now()))
 WHERE event_id = $3::text AND status = 'DEAD'
-RETURNING event_id
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_seq
 `
 
 type DiscardParams struct {
@@ -296,23 +296,35 @@ type DiscardParams struct {
 	EventID string
 }
 
+type DiscardRow struct {
+	EventID       string
+	AggregateType string
+	AggregateID   string
+	AggregateSeq  int64
+}
+
 // Discard moves a DEAD event to the terminal DISCARDED state, which
 // releases the later events of its aggregate (see the claims' head check).
 // Only DEAD: a PENDING or PUBLISHING event may be in a relay's hands at
 // this moment, and discarding it could not stop a publish under way.
-func (q *Queries) Discard(ctx context.Context, arg DiscardParams) ([]string, error) {
+func (q *Queries) Discard(ctx context.Context, arg DiscardParams) ([]DiscardRow, error) {
 	rows, err := q.db.Query(ctx, discard, arg.Actor, arg.Reason, arg.EventID)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []string
+	var items []DiscardRow
 	for rows.Next() {
-		var event_id string
-		if err := rows.Scan(&event_id); err != nil {
+		var i DiscardRow
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateSeq,
+		); err != nil {
 			return nil, err
 		}
-		items = append(items, event_id)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -744,7 +756,7 @@ SET status = 'PENDING', attempts = 0, available_at = now(),
         'action', 'requeue', 'actor', $1::text, 'reason', $2::text,
         'from', status, 'at', now()))
 WHERE event_id = ANY($3::text[]) AND status = 'DEAD'
-RETURNING event_id
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_seq
 `
 
 type RequeueParams struct {
@@ -753,26 +765,40 @@ type RequeueParams struct {
 	EventIds []string
 }
 
+type RequeueRow struct {
+	EventID       string
+	AggregateType string
+	AggregateID   string
+	AggregateSeq  int64
+}
+
 // Requeue returns DEAD events to PENDING, attempts reset, and appends
-// the action to each row's audit trail. The status guard makes two
+// the action to each row's audit trail. Like RequeueDead and Discard it
+// returns each changed event's aggregate and sequence: what must be
+// released behind it. The status guard makes two
 // concurrent requeues of one event safe: the second waits for the first's
 // row lock, re-reads the row (READ COMMITTED), finds it PENDING and
 // changes nothing. DEAD rows are never touched by a relay (its claims,
 // marks and reaper all require PENDING or PUBLISHING), so an operator
 // action cannot race with a batch.
-func (q *Queries) Requeue(ctx context.Context, arg RequeueParams) ([]string, error) {
+func (q *Queries) Requeue(ctx context.Context, arg RequeueParams) ([]RequeueRow, error) {
 	rows, err := q.db.Query(ctx, requeue, arg.Actor, arg.Reason, arg.EventIds)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []string
+	var items []RequeueRow
 	for rows.Next() {
-		var event_id string
-		if err := rows.Scan(&event_id); err != nil {
+		var i RequeueRow
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateSeq,
+		); err != nil {
 			return nil, err
 		}
-		items = append(items, event_id)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -790,7 +816,7 @@ WHERE status = 'DEAD'
   AND ($3::text IS NULL OR aggregate_type = $3::text)
   AND ($4::text IS NULL OR aggregate_id = $4::text)
   AND ($5::text IS NULL OR topic = $5::text)
-RETURNING event_id
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_seq
 `
 
 type RequeueDeadParams struct {
@@ -801,9 +827,16 @@ type RequeueDeadParams struct {
 	Topic         pgtype.Text
 }
 
+type RequeueDeadRow struct {
+	EventID       string
+	AggregateType string
+	AggregateID   string
+	AggregateSeq  int64
+}
+
 // RequeueDead is Requeue of every DEAD event of an optional aggregate and
 // topic.
-func (q *Queries) RequeueDead(ctx context.Context, arg RequeueDeadParams) ([]string, error) {
+func (q *Queries) RequeueDead(ctx context.Context, arg RequeueDeadParams) ([]RequeueDeadRow, error) {
 	rows, err := q.db.Query(ctx, requeueDead,
 		arg.Actor,
 		arg.Reason,
@@ -815,13 +848,18 @@ func (q *Queries) RequeueDead(ctx context.Context, arg RequeueDeadParams) ([]str
 		return nil, err
 	}
 	defer rows.Close()
-	var items []string
+	var items []RequeueDeadRow
 	for rows.Next() {
-		var event_id string
-		if err := rows.Scan(&event_id); err != nil {
+		var i RequeueDeadRow
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateSeq,
+		); err != nil {
 			return nil, err
 		}
-		items = append(items, event_id)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
