@@ -44,6 +44,12 @@ const (
 	HeaderDeadLetterAttempts = "dlq-attempts"
 	// HeaderDeadLetterConsumer is the consumer id that gave up.
 	HeaderDeadLetterConsumer = "dlq-consumer"
+	// HeaderDeadLetterRedriveID marks a record republished from a
+	// dead-letter topic: the "topic/partition/offset" of the dead-letter
+	// record it copies. A redrive skips a record whose id it finds on the
+	// destination already, so a redrive restarted after an interruption
+	// does not publish twice.
+	HeaderDeadLetterRedriveID = "dlq-redrive-id"
 )
 
 // MaxKeyLength is the longest key, in characters (bytes: keys are ASCII).

@@ -26,7 +26,8 @@
 // row that stays locked until the enqueuing transaction ends, so numbers
 // follow commit order with no gaps. A relay claims with FOR UPDATE SKIP
 // LOCKED only heads — PENDING events with no unpublished (PENDING,
-// PUBLISHING, DEAD) event of their aggregate before them — plus the
+// PUBLISHING, DEAD) event of their aggregate before them; a DISCARDED one
+// counts as done — plus the
 // contiguous run behind each head. Holding a head therefore holds its whole
 // aggregate: other relays skip it and take other aggregates. The claim is
 // status-based, not a high-water mark, so a transaction that commits a
@@ -99,8 +100,16 @@
 // input index), so a partial failure marks exactly the delivered events.
 // A failed event is retried after an exponential backoff with full jitter
 // (available_at), attempts counted, and becomes DEAD with its last error
-// after MaxAttempts. Until then — and while DEAD, until Requeue — it holds
-// back the later events of its own aggregate only; other aggregates flow.
+// after MaxAttempts. Until then — and while DEAD, until an operator
+// requeues or discards it (Admin) — it holds back the later events of its
+// own aggregate only; other aggregates flow.
+//
+// Operators: Admin lists and shows events and changes a DEAD one, guarded
+// by its status (of two concurrent changes of one event, one wins) and
+// recorded in the row's audit trail: Requeue returns it to PENDING with
+// its attempts reset; Discard gives it the terminal status DISCARDED,
+// which the claim counts as done, so the later events of its aggregate
+// are published and it never is (the row stays).
 //
 // Deadlines: each batch runs on
 // context.WithTimeout(context.WithoutCancel(ctx), BatchTimeout), the same
@@ -142,8 +151,9 @@
 //     that deduplicate by event id see the order intact; others see a stale
 //     repeat. The batch deadline keeps it to a relay paused (not merely
 //     slow) for longer than LeaseTTL − BatchTimeout.
-//   - A DEAD event blocks its aggregate until an operator calls Requeue
-//     (skipping it would silently break the order). One removed by other
+//   - A DEAD event blocks its aggregate until an operator requeues or
+//     discards it (skipping it silently would break the order; a discard
+//     is a gap in aggregate-seq that consumers see). One removed by other
 //     means (deleted, or marked PUBLISHED by hand) releases its aggregate
 //     at the reaper's next sweep, not at once.
 //   - Enqueueing for one aggregate serializes on that aggregate's counter

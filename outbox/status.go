@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/outbox/internal/dbsqlc"
 )
@@ -16,6 +15,8 @@ type Status struct {
 	Publishing int64 `json:"publishing"`
 	Published  int64 `json:"published"`
 	Dead       int64 `json:"dead"`
+	// Discarded counts events an operator discarded (Admin.Discard).
+	Discarded int64 `json:"discarded"`
 	// ExpiredLeases counts PUBLISHING rows older than the lease TTL given
 	// to GetStatus: the reaper will return them.
 	ExpiredLeases int64 `json:"expired_leases"`
@@ -50,7 +51,7 @@ func GetStatus(ctx context.Context, db DBTX, leaseTTL time.Duration, maxDead int
 		return nil, fmt.Errorf("outbox: status: %w", err)
 	}
 	st := &Status{
-		Pending: row.Pending, Publishing: row.Publishing, Published: row.Published, Dead: row.Dead,
+		Pending: row.Pending, Publishing: row.Publishing, Published: row.Published, Dead: row.Dead, Discarded: row.Discarded,
 		ExpiredLeases:        row.ExpiredLeases,
 		OldestPending:        time.Duration(row.OldestPendingSeconds * float64(time.Second)),
 		OldestPendingSeconds: row.OldestPendingSeconds,
@@ -74,43 +75,20 @@ func GetStatus(ctx context.Context, db DBTX, leaseTTL time.Duration, maxDead int
 
 // Requeue returns DEAD events to PENDING with their attempts reset, so
 // that they (and the events of their aggregates they held back) are
-// published again. It reports how many it requeued.
-//
-// When db can begin a transaction (a pool, a connection, a pgx.Tx: a
-// savepoint), the requeue and the release of the events held behind them
-// are one transaction; otherwise the relay's periodic sweep releases those
-// within its ReapInterval.
+// published again. It reports how many it requeued; ids that are unknown
+// or not DEAD are skipped. Admin.Requeue does the same for one event,
+// with an actor and a reason in the audit trail and an error that says
+// why an event was not requeued.
 func Requeue(ctx context.Context, db DBTX, eventIDs ...string) (int64, error) {
-	b, ok := db.(interface {
-		Begin(ctx context.Context) (pgx.Tx, error)
-	})
-	if !ok {
-		rows, err := dbsqlc.New(db).Requeue(ctx, eventIDs)
-		if err != nil {
-			return 0, fmt.Errorf("outbox: requeue: %w", err)
+	rows, err := NewAdmin(db).change(ctx, func(q *dbsqlc.Queries) ([]changedRow, error) {
+		rs, err := q.Requeue(ctx, dbsqlc.RequeueParams{EventIds: eventIDs})
+		out := make([]changedRow, len(rs))
+		for i, r := range rs {
+			out[i] = changedRow{r.EventID, r.AggregateType, r.AggregateID, r.AggregateSeq}
 		}
-		return int64(len(rows)), nil
-	}
-	tx, err := b.Begin(ctx)
+		return out, err
+	})
 	if err != nil {
-		return 0, fmt.Errorf("outbox: requeue: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	q := dbsqlc.New(tx)
-	rows, err := q.Requeue(ctx, eventIDs)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: requeue: %w", err)
-	}
-	var rel aggSeqs
-	for _, row := range rows {
-		// The requeued event itself is released by Requeue; its later
-		// events from here.
-		rel.add(aggregateKey{row.AggregateType, row.AggregateID}, row.AggregateSeq)
-	}
-	if err := settle(ctx, q, aggSeqs{}, rel); err != nil {
-		return 0, err
-	}
-	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("outbox: requeue: %w", err)
 	}
 	return int64(len(rows)), nil

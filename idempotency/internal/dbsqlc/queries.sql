@@ -174,3 +174,37 @@ WITH done AS (
     RETURNING k.fence
 )
 SELECT (1 / (SELECT count(*) FROM done))::integer AS completed;
+
+-- name: InspectKey :one
+-- An operator's look at one record (idempotency.PostgresStore.Inspect).
+-- in_progress is computed in database time.
+SELECT state, fingerprint, fence,
+       (state = 'claimed' AND locked_until > now())::bool AS lease_live,
+       locked_until, coalesce(response_status, 0)::integer AS response_status,
+       created_at, completed_at, expires_at, (expires_at <= now())::bool AS expired
+FROM idempotency_key
+WHERE key_hash = @key_hash::bytea;
+
+-- name: TxLockHolder :one
+-- The backend holding a key's transactional claim (the advisory lock of
+-- TxLock), 0 if none. A bigint advisory lock appears in pg_locks as
+-- classid = high 32 bits, objid = low 32 bits, objsubid = 1.
+WITH k AS (SELECT (@lock_id::bigint # 'idempotency_key'::regclass::oid::bigint) AS id)
+SELECT coalesce(min(l.pid), 0)::integer AS pid
+FROM pg_catalog.pg_locks l, k
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE datname = current_database())
+  AND l.classid = ((k.id >> 32) & 4294967295)::bigint::oid
+  AND l.objid = (k.id & 4294967295)::bigint::oid;
+
+-- name: ForceRelease :execrows
+-- An operator frees a claimed key whatever its fence: the claim's own
+-- handler, if it still runs, is fenced out (its Complete and Release
+-- require state = 'claimed' and its fence), and the next request with the
+-- same fingerprint runs the handler again.
+UPDATE idempotency_key
+SET state = 'released', locked_until = NULL
+WHERE key_hash = @key_hash::bytea AND state = 'claimed';
+
+-- name: ForgetKey :execrows
+DELETE FROM idempotency_key WHERE key_hash = @key_hash::bytea;

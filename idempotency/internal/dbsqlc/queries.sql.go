@@ -7,6 +7,8 @@ package dbsqlc
 
 import (
 	"context"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const claim = `-- name: Claim :one
@@ -151,6 +153,78 @@ func (q *Queries) Complete(ctx context.Context, arg CompleteParams) (int64, erro
 	return result.RowsAffected(), nil
 }
 
+const forceRelease = `-- name: ForceRelease :execrows
+UPDATE idempotency_key
+SET state = 'released', locked_until = NULL
+WHERE key_hash = $1::bytea AND state = 'claimed'
+`
+
+// An operator frees a claimed key whatever its fence: the claim's own
+// handler, if it still runs, is fenced out (its Complete and Release
+// require state = 'claimed' and its fence), and the next request with the
+// same fingerprint runs the handler again.
+func (q *Queries) ForceRelease(ctx context.Context, keyHash []byte) (int64, error) {
+	result, err := q.db.Exec(ctx, forceRelease, keyHash)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const forgetKey = `-- name: ForgetKey :execrows
+DELETE FROM idempotency_key WHERE key_hash = $1::bytea
+`
+
+func (q *Queries) ForgetKey(ctx context.Context, keyHash []byte) (int64, error) {
+	result, err := q.db.Exec(ctx, forgetKey, keyHash)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const inspectKey = `-- name: InspectKey :one
+SELECT state, fingerprint, fence,
+       (state = 'claimed' AND locked_until > now())::bool AS lease_live,
+       locked_until, coalesce(response_status, 0)::integer AS response_status,
+       created_at, completed_at, expires_at, (expires_at <= now())::bool AS expired
+FROM idempotency_key
+WHERE key_hash = $1::bytea
+`
+
+type InspectKeyRow struct {
+	State          string
+	Fingerprint    []byte
+	Fence          int64
+	LeaseLive      bool
+	LockedUntil    pgtype.Timestamptz
+	ResponseStatus int32
+	CreatedAt      pgtype.Timestamptz
+	CompletedAt    pgtype.Timestamptz
+	ExpiresAt      pgtype.Timestamptz
+	Expired        bool
+}
+
+// An operator's look at one record (idempotency.PostgresStore.Inspect).
+// in_progress is computed in database time.
+func (q *Queries) InspectKey(ctx context.Context, keyHash []byte) (InspectKeyRow, error) {
+	row := q.db.QueryRow(ctx, inspectKey, keyHash)
+	var i InspectKeyRow
+	err := row.Scan(
+		&i.State,
+		&i.Fingerprint,
+		&i.Fence,
+		&i.LeaseLive,
+		&i.LockedUntil,
+		&i.ResponseStatus,
+		&i.CreatedAt,
+		&i.CompletedAt,
+		&i.ExpiresAt,
+		&i.Expired,
+	)
+	return i, err
+}
+
 const purge = `-- name: Purge :execrows
 DELETE FROM idempotency_key
 WHERE key_hash IN (
@@ -292,6 +366,26 @@ func (q *Queries) TxLock(ctx context.Context, lockID int64) (bool, error) {
 	var got bool
 	err := row.Scan(&got)
 	return got, err
+}
+
+const txLockHolder = `-- name: TxLockHolder :one
+WITH k AS (SELECT ($1::bigint # 'idempotency_key'::regclass::oid::bigint) AS id)
+SELECT coalesce(min(l.pid), 0)::integer AS pid
+FROM pg_catalog.pg_locks l, k
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE datname = current_database())
+  AND l.classid = ((k.id >> 32) & 4294967295)::bigint::oid
+  AND l.objid = (k.id & 4294967295)::bigint::oid
+`
+
+// The backend holding a key's transactional claim (the advisory lock of
+// TxLock), 0 if none. A bigint advisory lock appears in pg_locks as
+// classid = high 32 bits, objid = low 32 bits, objsubid = 1.
+func (q *Queries) TxLockHolder(ctx context.Context, lockID int64) (int32, error) {
+	row := q.db.QueryRow(ctx, txLockHolder, lockID)
+	var pid int32
+	err := row.Scan(&pid)
+	return pid, err
 }
 
 const txRead = `-- name: TxRead :one

@@ -52,7 +52,9 @@ RETURNING id, aggregate_seq;
 -- with no unpublished (PENDING, PUBLISHING or DEAD) event of the same
 -- aggregate before them; checking the direct predecessor (seq - 1) is
 -- enough, because sequences have no gaps and an event is published only
--- after its predecessor (a purged predecessor was published). Locking a
+-- after its predecessor (a purged predecessor was published). A DISCARDED
+-- predecessor (an operator's decision, see outbox.Admin.Discard) counts as
+-- done, like a PUBLISHED one. Locking a
 -- head (FOR UPDATE SKIP LOCKED) gives this relay the whole aggregate:
 -- every later event of it has the head as an unpublished predecessor, so
 -- no other relay sees it as a head. The claim then extends each head with
@@ -132,7 +134,7 @@ by_id AS (
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status NOT IN ('PUBLISHED', 'DISCARDED'))
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
     FOR UPDATE SKIP LOCKED
@@ -150,7 +152,7 @@ by_aggregate AS (
           AND NOT EXISTS (
               SELECT 1 FROM outbox_event p
               WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status NOT IN ('PUBLISHED', 'DISCARDED'))
         FOR UPDATE OF o SKIP LOCKED
     ) h
     WHERE f.status = 'PENDING' AND f.available_at <= now()
@@ -258,7 +260,7 @@ by_id AS (
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status NOT IN ('PUBLISHED', 'DISCARDED'))
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
     FOR UPDATE SKIP LOCKED
@@ -276,7 +278,7 @@ by_aggregate AS (
           AND NOT EXISTS (
               SELECT 1 FROM outbox_event p
               WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status NOT IN ('PUBLISHED', 'DISCARDED'))
         FOR UPDATE OF o SKIP LOCKED
     ) h
     WHERE f.status = 'PENDING' AND f.available_at <= now()
@@ -394,6 +396,7 @@ SELECT
     count(*) FILTER (WHERE status = 'PUBLISHING')::bigint AS publishing,
     count(*) FILTER (WHERE status = 'PUBLISHED')::bigint AS published,
     count(*) FILTER (WHERE status = 'DEAD')::bigint AS dead,
+    count(*) FILTER (WHERE status = 'DISCARDED')::bigint AS discarded,
     count(*) FILTER (WHERE status = 'PUBLISHING'
                      AND locked_at < now() - sqlc.arg(ttl_ms)::bigint * interval '1 millisecond')::bigint AS expired_leases,
     coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'PENDING')), 0)::float8 AS oldest_pending_seconds
@@ -407,11 +410,75 @@ WHERE status = 'DEAD'
 ORDER BY id
 LIMIT sqlc.arg(max_rows)::int;
 
+-- Requeue returns DEAD events to PENDING, attempts reset, and appends
+-- the action to each row's audit trail. Like RequeueDead and Discard it
+-- returns each changed event's aggregate and sequence: what must be
+-- released behind it. The status guard makes two
+-- concurrent requeues of one event safe: the second waits for the first's
+-- row lock, re-reads the row (READ COMMITTED), finds it PENDING and
+-- changes nothing. DEAD rows are never touched by a relay (its claims,
+-- marks and reaper all require PENDING or PUBLISHING), so an operator
+-- action cannot race with a batch.
 -- name: Requeue :many
 UPDATE outbox_event
-SET status = 'PENDING', attempts = 0, available_at = now(), held = false
+SET status = 'PENDING', attempts = 0, available_at = now(), held = false,
+    audit = coalesce(audit, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+        'action', 'requeue', 'actor', sqlc.arg(actor)::text, 'reason', sqlc.arg(reason)::text,
+        'from', status, 'at', now()))
 WHERE event_id = ANY(sqlc.arg(event_ids)::text[]) AND status = 'DEAD'
-RETURNING aggregate_type, aggregate_id, aggregate_seq;
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_seq;
+
+-- RequeueDead is Requeue of every DEAD event of an optional aggregate and
+-- topic.
+-- name: RequeueDead :many
+UPDATE outbox_event
+SET status = 'PENDING', attempts = 0, available_at = now(), held = false,
+    audit = coalesce(audit, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+        'action', 'requeue', 'actor', sqlc.arg(actor)::text, 'reason', sqlc.arg(reason)::text,
+        'from', status, 'at', now()))
+WHERE status = 'DEAD'
+  AND (sqlc.narg(aggregate_type)::text IS NULL OR aggregate_type = sqlc.narg(aggregate_type)::text)
+  AND (sqlc.narg(aggregate_id)::text IS NULL OR aggregate_id = sqlc.narg(aggregate_id)::text)
+  AND (sqlc.narg(topic)::text IS NULL OR topic = sqlc.narg(topic)::text)
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_seq;
+
+-- Discard moves a DEAD event to the terminal DISCARDED state, which
+-- releases the later events of its aggregate (see the claims' head check).
+-- Only DEAD: a PENDING or PUBLISHING event may be in a relay's hands at
+-- this moment, and discarding it could not stop a publish under way.
+-- name: Discard :many
+UPDATE outbox_event
+SET status = 'DISCARDED', held = true,
+    audit = coalesce(audit, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+        'action', 'discard', 'actor', sqlc.arg(actor)::text, 'reason', sqlc.arg(reason)::text,
+        'from', status, 'at', now()))
+WHERE event_id = sqlc.arg(event_id)::text AND status = 'DEAD'
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_seq;
+
+-- name: EventStatus :one
+SELECT status FROM outbox_event WHERE event_id = sqlc.arg(event_id)::text;
+
+-- name: ShowEvent :one
+SELECT id, event_id, topic, aggregate_type, aggregate_id, aggregate_seq, event_type, payload, headers,
+       status, attempts, available_at, lease_owner, locked_at, created_at, published_at,
+       coalesce(last_error, '')::text AS last_error, audit
+FROM outbox_event
+WHERE event_id = sqlc.arg(event_id)::text;
+
+-- ListEvents lists events matching every given filter, in id order
+-- (enqueue order), after the id given (for paging).
+-- name: ListEvents :many
+SELECT id, event_id, topic, aggregate_type, aggregate_id, aggregate_seq, event_type, payload, headers,
+       status, attempts, available_at, lease_owner, locked_at, created_at, published_at,
+       coalesce(last_error, '')::text AS last_error, audit
+FROM outbox_event
+WHERE id > sqlc.arg(after_id)::bigint
+  AND (sqlc.narg(status)::text IS NULL OR status = sqlc.narg(status)::text)
+  AND (sqlc.narg(aggregate_type)::text IS NULL OR aggregate_type = sqlc.narg(aggregate_type)::text)
+  AND (sqlc.narg(aggregate_id)::text IS NULL OR aggregate_id = sqlc.narg(aggregate_id)::text)
+  AND (sqlc.narg(topic)::text IS NULL OR topic = sqlc.narg(topic)::text)
+ORDER BY id
+LIMIT sqlc.arg(max_rows)::int;
 
 -- Blocked aggregates. An aggregate is blocked while its first unpublished
 -- event has failed (DEAD, or PENDING in its backoff): its later events are
@@ -494,7 +561,7 @@ WHERE a.blocked
                         WHERE p.aggregate_type = a.aggregate_type AND p.aggregate_id = a.aggregate_id
                           AND p.published_at IS NOT NULL
                         ORDER BY p.aggregate_seq DESC LIMIT 1), 0)
-                    AND e.published_at IS NULL AND (e.status = 'DEAD' OR e.attempts > 0))
+                    AND e.published_at IS NULL AND e.status <> 'DISCARDED' AND (e.status = 'DEAD' OR e.attempts > 0))
 ORDER BY a.aggregate_type, a.aggregate_id
 LIMIT sqlc.arg(max_rows)::int
 FOR UPDATE OF a SKIP LOCKED;

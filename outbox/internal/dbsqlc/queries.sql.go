@@ -101,7 +101,7 @@ by_id AS (
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status NOT IN ('PUBLISHED', 'DISCARDED'))
     ORDER BY o.id
     LIMIT $5::int
     FOR UPDATE SKIP LOCKED
@@ -119,7 +119,7 @@ by_aggregate AS (
           AND NOT EXISTS (
               SELECT 1 FROM outbox_event p
               WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status NOT IN ('PUBLISHED', 'DISCARDED'))
         FOR UPDATE OF o SKIP LOCKED
     ) h
     WHERE f.status = 'PENDING' AND f.available_at <= now()
@@ -292,7 +292,7 @@ by_id AS (
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status NOT IN ('PUBLISHED', 'DISCARDED'))
     ORDER BY o.id
     LIMIT $3::int
     FOR UPDATE SKIP LOCKED
@@ -310,7 +310,7 @@ by_aggregate AS (
           AND NOT EXISTS (
               SELECT 1 FROM outbox_event p
               WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status <> 'PUBLISHED')
+                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status NOT IN ('PUBLISHED', 'DISCARDED'))
         FOR UPDATE OF o SKIP LOCKED
     ) h
     WHERE f.status = 'PENDING' AND f.available_at <= now()
@@ -385,7 +385,9 @@ type ClaimLockedRow struct {
 // with no unpublished (PENDING, PUBLISHING or DEAD) event of the same
 // aggregate before them; checking the direct predecessor (seq - 1) is
 // enough, because sequences have no gaps and an event is published only
-// after its predecessor (a purged predecessor was published). Locking a
+// after its predecessor (a purged predecessor was published). A DISCARDED
+// predecessor (an operator's decision, see outbox.Admin.Discard) counts as
+// done, like a PUBLISHED one. Locking a
 // head (FOR UPDATE SKIP LOCKED) gives this relay the whole aggregate:
 // every later event of it has the head as an unpublished predecessor, so
 // no other relay sees it as a head. The claim then extends each head with
@@ -497,6 +499,58 @@ func (q *Queries) DeadEvents(ctx context.Context, maxRows int32) ([]DeadEventsRo
 	return items, nil
 }
 
+const discard = `-- name: Discard :many
+UPDATE outbox_event
+SET status = 'DISCARDED', held = true,
+    audit = coalesce(audit, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+        'action', 'discard', 'actor', $1::text, 'reason', $2::text,
+        'from', status, 'at', now()))
+WHERE event_id = $3::text AND status = 'DEAD'
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_seq
+`
+
+type DiscardParams struct {
+	Actor   string
+	Reason  string
+	EventID string
+}
+
+type DiscardRow struct {
+	EventID       string
+	AggregateType string
+	AggregateID   string
+	AggregateSeq  int64
+}
+
+// Discard moves a DEAD event to the terminal DISCARDED state, which
+// releases the later events of its aggregate (see the claims' head check).
+// Only DEAD: a PENDING or PUBLISHING event may be in a relay's hands at
+// this moment, and discarding it could not stop a publish under way.
+func (q *Queries) Discard(ctx context.Context, arg DiscardParams) ([]DiscardRow, error) {
+	rows, err := q.db.Query(ctx, discard, arg.Actor, arg.Reason, arg.EventID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []DiscardRow
+	for rows.Next() {
+		var i DiscardRow
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateSeq,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const enqueue = `-- name: Enqueue :many
 WITH input AS (
     SELECT t.topic, t.aggregate_type, t.aggregate_id, t.event_id, t.event_type, t.payload, t.headers, row_number() OVER () AS ord
@@ -578,6 +632,109 @@ func (q *Queries) Enqueue(ctx context.Context, arg EnqueueParams) ([]EnqueueRow,
 	for rows.Next() {
 		var i EnqueueRow
 		if err := rows.Scan(&i.ID, &i.AggregateSeq); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const eventStatus = `-- name: EventStatus :one
+SELECT status FROM outbox_event WHERE event_id = $1::text
+`
+
+func (q *Queries) EventStatus(ctx context.Context, eventID string) (string, error) {
+	row := q.db.QueryRow(ctx, eventStatus, eventID)
+	var status string
+	err := row.Scan(&status)
+	return status, err
+}
+
+const listEvents = `-- name: ListEvents :many
+SELECT id, event_id, topic, aggregate_type, aggregate_id, aggregate_seq, event_type, payload, headers,
+       status, attempts, available_at, lease_owner, locked_at, created_at, published_at,
+       coalesce(last_error, '')::text AS last_error, audit
+FROM outbox_event
+WHERE id > $1::bigint
+  AND ($2::text IS NULL OR status = $2::text)
+  AND ($3::text IS NULL OR aggregate_type = $3::text)
+  AND ($4::text IS NULL OR aggregate_id = $4::text)
+  AND ($5::text IS NULL OR topic = $5::text)
+ORDER BY id
+LIMIT $6::int
+`
+
+type ListEventsParams struct {
+	AfterID       int64
+	Status        pgtype.Text
+	AggregateType pgtype.Text
+	AggregateID   pgtype.Text
+	Topic         pgtype.Text
+	MaxRows       int32
+}
+
+type ListEventsRow struct {
+	ID            int64
+	EventID       string
+	Topic         string
+	AggregateType string
+	AggregateID   string
+	AggregateSeq  int64
+	EventType     string
+	Payload       []byte
+	Headers       []byte
+	Status        string
+	Attempts      int32
+	AvailableAt   pgtype.Timestamptz
+	LeaseOwner    pgtype.Text
+	LockedAt      pgtype.Timestamptz
+	CreatedAt     pgtype.Timestamptz
+	PublishedAt   pgtype.Timestamptz
+	LastError     string
+	Audit         []byte
+}
+
+// ListEvents lists events matching every given filter, in id order
+// (enqueue order), after the id given (for paging).
+func (q *Queries) ListEvents(ctx context.Context, arg ListEventsParams) ([]ListEventsRow, error) {
+	rows, err := q.db.Query(ctx, listEvents,
+		arg.AfterID,
+		arg.Status,
+		arg.AggregateType,
+		arg.AggregateID,
+		arg.Topic,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ListEventsRow
+	for rows.Next() {
+		var i ListEventsRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.EventID,
+			&i.Topic,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateSeq,
+			&i.EventType,
+			&i.Payload,
+			&i.Headers,
+			&i.Status,
+			&i.Attempts,
+			&i.AvailableAt,
+			&i.LeaseOwner,
+			&i.LockedAt,
+			&i.CreatedAt,
+			&i.PublishedAt,
+			&i.LastError,
+			&i.Audit,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -774,7 +931,7 @@ WHERE a.blocked
                         WHERE p.aggregate_type = a.aggregate_type AND p.aggregate_id = a.aggregate_id
                           AND p.published_at IS NOT NULL
                         ORDER BY p.aggregate_seq DESC LIMIT 1), 0)
-                    AND e.published_at IS NULL AND (e.status = 'DEAD' OR e.attempts > 0))
+                    AND e.published_at IS NULL AND e.status <> 'DISCARDED' AND (e.status = 'DEAD' OR e.attempts > 0))
 ORDER BY a.aggregate_type, a.aggregate_id
 LIMIT $1::int
 FOR UPDATE OF a SKIP LOCKED
@@ -929,19 +1086,38 @@ func (q *Queries) ReleaseAggregates(ctx context.Context, arg ReleaseAggregatesPa
 
 const requeue = `-- name: Requeue :many
 UPDATE outbox_event
-SET status = 'PENDING', attempts = 0, available_at = now(), held = false
-WHERE event_id = ANY($1::text[]) AND status = 'DEAD'
-RETURNING aggregate_type, aggregate_id, aggregate_seq
+SET status = 'PENDING', attempts = 0, available_at = now(), held = false,
+    audit = coalesce(audit, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+        'action', 'requeue', 'actor', $1::text, 'reason', $2::text,
+        'from', status, 'at', now()))
+WHERE event_id = ANY($3::text[]) AND status = 'DEAD'
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_seq
 `
 
+type RequeueParams struct {
+	Actor    string
+	Reason   string
+	EventIds []string
+}
+
 type RequeueRow struct {
+	EventID       string
 	AggregateType string
 	AggregateID   string
 	AggregateSeq  int64
 }
 
-func (q *Queries) Requeue(ctx context.Context, eventIds []string) ([]RequeueRow, error) {
-	rows, err := q.db.Query(ctx, requeue, eventIds)
+// Requeue returns DEAD events to PENDING, attempts reset, and appends
+// the action to each row's audit trail. Like RequeueDead and Discard it
+// returns each changed event's aggregate and sequence: what must be
+// released behind it. The status guard makes two
+// concurrent requeues of one event safe: the second waits for the first's
+// row lock, re-reads the row (READ COMMITTED), finds it PENDING and
+// changes nothing. DEAD rows are never touched by a relay (its claims,
+// marks and reaper all require PENDING or PUBLISHING), so an operator
+// action cannot race with a batch.
+func (q *Queries) Requeue(ctx context.Context, arg RequeueParams) ([]RequeueRow, error) {
+	rows, err := q.db.Query(ctx, requeue, arg.Actor, arg.Reason, arg.EventIds)
 	if err != nil {
 		return nil, err
 	}
@@ -949,7 +1125,12 @@ func (q *Queries) Requeue(ctx context.Context, eventIds []string) ([]RequeueRow,
 	var items []RequeueRow
 	for rows.Next() {
 		var i RequeueRow
-		if err := rows.Scan(&i.AggregateType, &i.AggregateID, &i.AggregateSeq); err != nil {
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateSeq,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -960,12 +1141,129 @@ func (q *Queries) Requeue(ctx context.Context, eventIds []string) ([]RequeueRow,
 	return items, nil
 }
 
+const requeueDead = `-- name: RequeueDead :many
+UPDATE outbox_event
+SET status = 'PENDING', attempts = 0, available_at = now(), held = false,
+    audit = coalesce(audit, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+        'action', 'requeue', 'actor', $1::text, 'reason', $2::text,
+        'from', status, 'at', now()))
+WHERE status = 'DEAD'
+  AND ($3::text IS NULL OR aggregate_type = $3::text)
+  AND ($4::text IS NULL OR aggregate_id = $4::text)
+  AND ($5::text IS NULL OR topic = $5::text)
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_seq
+`
+
+type RequeueDeadParams struct {
+	Actor         string
+	Reason        string
+	AggregateType pgtype.Text
+	AggregateID   pgtype.Text
+	Topic         pgtype.Text
+}
+
+type RequeueDeadRow struct {
+	EventID       string
+	AggregateType string
+	AggregateID   string
+	AggregateSeq  int64
+}
+
+// RequeueDead is Requeue of every DEAD event of an optional aggregate and
+// topic.
+func (q *Queries) RequeueDead(ctx context.Context, arg RequeueDeadParams) ([]RequeueDeadRow, error) {
+	rows, err := q.db.Query(ctx, requeueDead,
+		arg.Actor,
+		arg.Reason,
+		arg.AggregateType,
+		arg.AggregateID,
+		arg.Topic,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []RequeueDeadRow
+	for rows.Next() {
+		var i RequeueDeadRow
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateSeq,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const showEvent = `-- name: ShowEvent :one
+SELECT id, event_id, topic, aggregate_type, aggregate_id, aggregate_seq, event_type, payload, headers,
+       status, attempts, available_at, lease_owner, locked_at, created_at, published_at,
+       coalesce(last_error, '')::text AS last_error, audit
+FROM outbox_event
+WHERE event_id = $1::text
+`
+
+type ShowEventRow struct {
+	ID            int64
+	EventID       string
+	Topic         string
+	AggregateType string
+	AggregateID   string
+	AggregateSeq  int64
+	EventType     string
+	Payload       []byte
+	Headers       []byte
+	Status        string
+	Attempts      int32
+	AvailableAt   pgtype.Timestamptz
+	LeaseOwner    pgtype.Text
+	LockedAt      pgtype.Timestamptz
+	CreatedAt     pgtype.Timestamptz
+	PublishedAt   pgtype.Timestamptz
+	LastError     string
+	Audit         []byte
+}
+
+func (q *Queries) ShowEvent(ctx context.Context, eventID string) (ShowEventRow, error) {
+	row := q.db.QueryRow(ctx, showEvent, eventID)
+	var i ShowEventRow
+	err := row.Scan(
+		&i.ID,
+		&i.EventID,
+		&i.Topic,
+		&i.AggregateType,
+		&i.AggregateID,
+		&i.AggregateSeq,
+		&i.EventType,
+		&i.Payload,
+		&i.Headers,
+		&i.Status,
+		&i.Attempts,
+		&i.AvailableAt,
+		&i.LeaseOwner,
+		&i.LockedAt,
+		&i.CreatedAt,
+		&i.PublishedAt,
+		&i.LastError,
+		&i.Audit,
+	)
+	return i, err
+}
+
 const status = `-- name: Status :one
 SELECT
     count(*) FILTER (WHERE status = 'PENDING')::bigint AS pending,
     count(*) FILTER (WHERE status = 'PUBLISHING')::bigint AS publishing,
     count(*) FILTER (WHERE status = 'PUBLISHED')::bigint AS published,
     count(*) FILTER (WHERE status = 'DEAD')::bigint AS dead,
+    count(*) FILTER (WHERE status = 'DISCARDED')::bigint AS discarded,
     count(*) FILTER (WHERE status = 'PUBLISHING'
                      AND locked_at < now() - $1::bigint * interval '1 millisecond')::bigint AS expired_leases,
     coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'PENDING')), 0)::float8 AS oldest_pending_seconds
@@ -977,6 +1275,7 @@ type StatusRow struct {
 	Publishing           int64
 	Published            int64
 	Dead                 int64
+	Discarded            int64
 	ExpiredLeases        int64
 	OldestPendingSeconds float64
 }
@@ -989,6 +1288,7 @@ func (q *Queries) Status(ctx context.Context, ttlMs int64) (StatusRow, error) {
 		&i.Publishing,
 		&i.Published,
 		&i.Dead,
+		&i.Discarded,
 		&i.ExpiredLeases,
 		&i.OldestPendingSeconds,
 	)

@@ -1,0 +1,431 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemkit/idem"
+)
+
+// HeaderDeadLetterRedriveID marks a record republished by DLQ.Redrive
+// with the "topic/partition/offset" of the dead-letter record it copies.
+const HeaderDeadLetterRedriveID = idem.HeaderDeadLetterRedriveID
+
+// Errors of the dead-letter tools. Use errors.Is.
+var (
+	// ErrTopicNotFound: the topic does not exist on the cluster.
+	ErrTopicNotFound = errors.New("kafka: topic not found")
+	// ErrRecordNotFound: no record at that partition and offset (never
+	// written, or deleted by retention).
+	ErrRecordNotFound = errors.New("kafka: record not found")
+	// ErrNoDestination: Redrive was given no To and a record carries no
+	// dlq-source and the topic has no DeadLetterSuffixDefault suffix.
+	ErrNoDestination = errors.New("kafka: no destination topic for the redrive")
+)
+
+// DeadLetterRecord is one record of a dead-letter topic with the headers
+// the consumer added decoded.
+type DeadLetterRecord struct {
+	Topic     string             `json:"topic"`
+	Partition int32              `json:"partition"`
+	Offset    int64              `json:"offset"`
+	Timestamp time.Time          `json:"timestamp"`
+	Key       []byte             `json:"key"`
+	Value     []byte             `json:"value"`
+	Headers   []kgo.RecordHeader `json:"-"`
+	// Error, Source, Attempts and Consumer are the dlq-* headers.
+	Error    string `json:"error"`
+	Source   string `json:"source"`
+	Attempts int    `json:"attempts"`
+	Consumer string `json:"consumer"`
+	EventID  string `json:"event_id,omitempty"`
+}
+
+// ID is the record's "topic/partition/offset": the redrive id of its copy.
+func (r *DeadLetterRecord) ID() string {
+	return fmt.Sprintf("%s/%d/%d", r.Topic, r.Partition, r.Offset)
+}
+
+// HeaderMap returns the headers as a map (the last value of a repeated
+// key wins).
+func (r *DeadLetterRecord) HeaderMap() map[string]string {
+	m := make(map[string]string, len(r.Headers))
+	for _, h := range r.Headers {
+		m[h.Key] = string(h.Value)
+	}
+	return m
+}
+
+func deadLetterRecord(rec *kgo.Record) DeadLetterRecord {
+	d := DeadLetterRecord{
+		Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Timestamp: rec.Timestamp,
+		Key: rec.Key, Value: rec.Value, Headers: rec.Headers,
+	}
+	for _, h := range rec.Headers {
+		switch h.Key {
+		case HeaderDeadLetterError:
+			d.Error = string(h.Value)
+		case HeaderDeadLetterSource:
+			d.Source = string(h.Value)
+		case HeaderDeadLetterAttempts:
+			d.Attempts, _ = strconv.Atoi(string(h.Value))
+		case HeaderDeadLetterConsumer:
+			d.Consumer = string(h.Value)
+		case HeaderEventID:
+			d.EventID = string(h.Value)
+		}
+	}
+	return d
+}
+
+// DLQ reads dead-letter topics and republishes their records. It creates
+// a short-lived client per call from Opts (seed brokers, TLS, SASL: the
+// connection options only; DLQ sets what it consumes itself).
+type DLQ struct {
+	opts []kgo.Opt
+}
+
+// NewDLQ returns a DLQ over the cluster that opts connect to.
+func NewDLQ(opts ...kgo.Opt) *DLQ { return &DLQ{opts: opts} }
+
+// readRange calls fn for every record of topic in [start, end) per
+// partition, in per-partition order, and returns when each partition has
+// reached its end or ctx ends. A partition is done when the record at
+// end-1 has been read, so a topic written by a transactional producer
+// (whose last offset may be a commit marker, never returned) is read until
+// ctx ends: the callers bound ctx. Dead-letter topics are written by the
+// consumer's plain producer.
+func (d *DLQ) readRange(ctx context.Context, topic string, start, end map[int32]int64, fn func(*kgo.Record) error) error {
+	offsets := map[int32]kgo.Offset{}
+	for p, s := range start {
+		if s < end[p] {
+			offsets[p] = kgo.NewOffset().At(s)
+		}
+	}
+	if len(offsets) == 0 {
+		return nil
+	}
+	opts := append(append([]kgo.Opt(nil), d.opts...), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets}))
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("kafka: client: %w", err)
+	}
+	defer cl.Close()
+	left := len(offsets)
+	done := map[int32]bool{}
+	for left > 0 {
+		fetches := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		var ferr error
+		fetches.EachError(func(_ string, _ int32, err error) { ferr = err })
+		if ferr != nil {
+			return fmt.Errorf("kafka: read %s: %w", topic, ferr)
+		}
+		var cbErr error
+		fetches.EachRecord(func(rec *kgo.Record) {
+			if cbErr != nil || done[rec.Partition] || rec.Offset >= end[rec.Partition] {
+				return
+			}
+			if err := fn(rec); err != nil {
+				cbErr = err
+				return
+			}
+			if rec.Offset+1 >= end[rec.Partition] {
+				done[rec.Partition] = true
+				left--
+			}
+		})
+		if cbErr != nil {
+			return cbErr
+		}
+	}
+	return nil
+}
+
+// bounds returns the start and end offsets of topic's partitions.
+func (d *DLQ) bounds(ctx context.Context, adm *kadm.Client, topic string, since time.Time) (start, end map[int32]int64, err error) {
+	var s kadm.ListedOffsets
+	if since.IsZero() {
+		s, err = adm.ListStartOffsets(ctx, topic)
+	} else {
+		s, err = adm.ListOffsetsAfterMilli(ctx, since.UnixMilli(), topic)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("kafka: list offsets of %s: %w", topic, err)
+	}
+	e, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kafka: list offsets of %s: %w", topic, err)
+	}
+	if len(e[topic]) == 0 {
+		return nil, nil, fmt.Errorf("%w: %s", ErrTopicNotFound, topic)
+	}
+	start, end = map[int32]int64{}, map[int32]int64{}
+	for p, o := range e[topic] {
+		if o.Err != nil {
+			if p == -1 {
+				return nil, nil, fmt.Errorf("%w: %s", ErrTopicNotFound, topic)
+			}
+			return nil, nil, fmt.Errorf("kafka: %s/%d: %w", topic, p, o.Err)
+		}
+		end[p] = o.Offset
+		start[p] = o.Offset
+		if so, ok := s.Lookup(topic, p); ok && so.Err == nil && so.Offset >= 0 {
+			start[p] = so.Offset
+		}
+	}
+	return start, end, nil
+}
+
+func (d *DLQ) admin() (*kadm.Client, func(), error) {
+	cl, err := kgo.NewClient(d.opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kafka: client: %w", err)
+	}
+	return kadm.NewClient(cl), cl.Close, nil
+}
+
+// List returns up to limit records of the dead-letter topic (oldest
+// first per partition, partitions in order); limit <= 0 means all.
+func (d *DLQ) List(ctx context.Context, topic string, limit int) ([]DeadLetterRecord, error) {
+	adm, closeFn, err := d.admin()
+	if err != nil {
+		return nil, err
+	}
+	defer closeFn()
+	start, end, err := d.bounds(ctx, adm, topic, time.Time{})
+	if err != nil {
+		return nil, err
+	}
+	var out []DeadLetterRecord
+	err = d.readRange(ctx, topic, start, end, func(rec *kgo.Record) error {
+		out = append(out, deadLetterRecord(rec))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Partition != out[j].Partition {
+			return out[i].Partition < out[j].Partition
+		}
+		return out[i].Offset < out[j].Offset
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	if out == nil {
+		out = []DeadLetterRecord{}
+	}
+	return out, nil
+}
+
+// Show returns the record at partition and offset of topic, or
+// ErrRecordNotFound / ErrTopicNotFound.
+func (d *DLQ) Show(ctx context.Context, topic string, partition int32, offset int64) (*DeadLetterRecord, error) {
+	adm, closeFn, err := d.admin()
+	if err != nil {
+		return nil, err
+	}
+	defer closeFn()
+	start, end, err := d.bounds(ctx, adm, topic, time.Time{})
+	if err != nil {
+		return nil, err
+	}
+	e, ok := end[partition]
+	if !ok || offset < start[partition] || offset >= e {
+		return nil, fmt.Errorf("%w: %s/%d/%d", ErrRecordNotFound, topic, partition, offset)
+	}
+	var found *DeadLetterRecord
+	err = d.readRange(ctx, topic, map[int32]int64{partition: offset}, map[int32]int64{partition: offset + 1}, func(rec *kgo.Record) error {
+		r := deadLetterRecord(rec)
+		found = &r
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if found == nil || found.Offset != offset { // a compacted or transactional gap
+		return nil, fmt.Errorf("%w: %s/%d/%d", ErrRecordNotFound, topic, partition, offset)
+	}
+	return found, nil
+}
+
+// RedriveOptions select what Redrive republishes.
+type RedriveOptions struct {
+	// From is the dead-letter topic. Required.
+	From string
+	// To is the destination topic. Defaults to each record's source topic
+	// (its dlq-source header), else From without DeadLetterSuffixDefault.
+	To string
+	// FilterError keeps only records whose dlq-error contains it.
+	// Defaults to "" (every record).
+	FilterError string
+	// DryRun reports what would move and produces nothing.
+	DryRun bool
+	// Lookback is how far before the oldest selected dead-letter record's
+	// timestamp the destination is searched for copies of an earlier,
+	// interrupted redrive (it covers clock skew between producers).
+	// Defaults to RedriveLookbackDefault.
+	Lookback time.Duration
+}
+
+// RedriveLookbackDefault is RedriveOptions.Lookback's default.
+const RedriveLookbackDefault = time.Hour
+
+// RedriveReport says what a redrive moved.
+type RedriveReport struct {
+	// Moved are the dead-letter records republished (or, in a dry run,
+	// that would be), by ID, with their destination.
+	Moved []RedriveMove `json:"moved"`
+	// AlreadyRedriven are selected records whose copy is on the
+	// destination already (an earlier redrive): not produced again.
+	AlreadyRedriven []RedriveMove `json:"already_redriven"`
+	// Filtered counts records that FilterError left out.
+	Filtered int  `json:"filtered"`
+	DryRun   bool `json:"dry_run"`
+}
+
+// RedriveMove is one record of a redrive.
+type RedriveMove struct {
+	ID      string `json:"id"`
+	To      string `json:"to"`
+	EventID string `json:"event_id,omitempty"`
+	Error   string `json:"error"`
+}
+
+// Redrive republishes the records of a dead-letter topic to their source
+// topic with their original key, value and headers (the dlq-* headers
+// removed) and a dlq-redrive-id header naming the dead-letter record.
+// Each dead-letter record is republished at most once across redrives:
+// before producing, Redrive reads the destination (from Lookback before
+// the oldest selected record) for dlq-redrive-id headers and skips the
+// records already there, so a redrive interrupted after some produces and
+// run again produces only the rest. Two redrives of one topic run at the
+// same time are not protected from each other: run one at a time.
+//
+// A republished record is processed again by the consumer; the inbox
+// makes that harmless for an event that was in fact processed.
+func (d *DLQ) Redrive(ctx context.Context, o RedriveOptions) (*RedriveReport, error) {
+	if o.From == "" {
+		return nil, fmt.Errorf("%w: From is empty", ErrTopicNotFound)
+	}
+	if o.Lookback <= 0 {
+		o.Lookback = RedriveLookbackDefault
+	}
+	recs, err := d.List(ctx, o.From, 0)
+	if err != nil {
+		return nil, err
+	}
+	rep := &RedriveReport{Moved: []RedriveMove{}, AlreadyRedriven: []RedriveMove{}, DryRun: o.DryRun}
+	type planned struct {
+		rec  DeadLetterRecord
+		move RedriveMove
+	}
+	var plan []planned
+	oldest := map[string]time.Time{}
+	for _, r := range recs {
+		if o.FilterError != "" && !strings.Contains(r.Error, o.FilterError) {
+			rep.Filtered++
+			continue
+		}
+		to := o.To
+		if to == "" {
+			to = sourceTopic(r.Source)
+		}
+		if to == "" {
+			to = strings.TrimSuffix(o.From, DeadLetterSuffixDefault)
+			if to == o.From {
+				return nil, fmt.Errorf("%w: %s has no dlq-source", ErrNoDestination, r.ID())
+			}
+		}
+		plan = append(plan, planned{rec: r, move: RedriveMove{ID: r.ID(), To: to, EventID: r.EventID, Error: r.Error}})
+		if t, ok := oldest[to]; !ok || r.Timestamp.Before(t) {
+			oldest[to] = r.Timestamp
+		}
+	}
+	if len(plan) == 0 {
+		return rep, nil
+	}
+	// Copies already on each destination, from an earlier run.
+	seen := map[string]bool{}
+	adm, closeFn, err := d.admin()
+	if err != nil {
+		return nil, err
+	}
+	defer closeFn()
+	for to, t := range oldest {
+		start, end, err := d.bounds(ctx, adm, to, t.Add(-o.Lookback))
+		if err != nil {
+			return nil, err
+		}
+		err = d.readRange(ctx, to, start, end, func(rec *kgo.Record) error {
+			for _, h := range rec.Headers {
+				if h.Key == HeaderDeadLetterRedriveID {
+					seen[to+"\x00"+string(h.Value)] = true
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	var out []*kgo.Record
+	for _, p := range plan {
+		if seen[p.move.To+"\x00"+p.move.ID] {
+			rep.AlreadyRedriven = append(rep.AlreadyRedriven, p.move)
+			continue
+		}
+		rep.Moved = append(rep.Moved, p.move)
+		headers := make([]kgo.RecordHeader, 0, len(p.rec.Headers)+1)
+		for _, h := range p.rec.Headers {
+			if !strings.HasPrefix(h.Key, "dlq-") {
+				headers = append(headers, h)
+			}
+		}
+		headers = append(headers, kgo.RecordHeader{Key: HeaderDeadLetterRedriveID, Value: []byte(p.move.ID)})
+		out = append(out, &kgo.Record{Topic: p.move.To, Key: p.rec.Key, Value: p.rec.Value, Headers: headers})
+	}
+	if o.DryRun || len(out) == 0 {
+		return rep, nil
+	}
+	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), d.opts...), ProducerOpts()...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: client: %w", err)
+	}
+	defer cl.Close()
+	// One record at a time, in order: an interruption leaves a prefix
+	// produced, which the next run skips.
+	for i, rec := range out {
+		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+			id := rep.Moved[i].ID
+			rep.Moved = rep.Moved[:i]
+			return rep, fmt.Errorf("kafka: redrive %s to %s: %w", id, rec.Topic, err)
+		}
+	}
+	return rep, nil
+}
+
+// sourceTopic is the topic of a dlq-source "topic/partition/offset".
+func sourceTopic(src string) string {
+	i := strings.LastIndexByte(src, '/')
+	if i <= 0 {
+		return ""
+	}
+	j := strings.LastIndexByte(src[:i], '/')
+	if j <= 0 {
+		return ""
+	}
+	return src[:j]
+}
