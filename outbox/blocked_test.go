@@ -354,8 +354,11 @@ func TestMigrationHeldBackfillAndDown(t *testing.T) {
 	if !slices.Equal(blocked, []string{"d", "f"}) {
 		t.Errorf("blocked %v, want [d f]", blocked)
 	}
-	if v, err := migrate.Down(ctx, db.Pool); err != nil || v != 4 {
-		t.Fatalf("down: %d, %v", v, err)
+	// Down to version 3: the later versions first, then 004.
+	for v, err := migrate.Down(ctx, db.Pool); v != 4; v, err = migrate.Down(ctx, db.Pool) {
+		if err != nil || v < 4 {
+			t.Fatalf("down: %d, %v", v, err)
+		}
 	}
 	var cols int
 	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns

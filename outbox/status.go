@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-
 	"github.com/idemkit/idem/outbox/internal/dbsqlc"
 )
 
