@@ -57,6 +57,7 @@ func benchEnqueue(ctx context.Context, env *benchEnv, withWAL bool) ([]benchResu
 	defer drop()
 	u, _ := url.Parse(urls[0])
 	q := u.Query()
+	fmt.Fprintf(env.Log, "enqueue: scratch schema %s\n", q.Get("search_path"))
 	q.Set("pool_max_conns", strconv.Itoa(clients))
 	u.RawQuery = q.Encode()
 	pool, err := cli.Connect(ctx, u.String())
