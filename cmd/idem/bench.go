@@ -38,6 +38,7 @@ type benchEnv struct {
 	// Ints and Strings hold the scenario's own flags by name.
 	Ints    map[string]*int
 	Strings map[string]*string
+	Bools   map[string]*bool
 }
 
 // benchFlags lets a scenario declare integer and string flags.
@@ -46,6 +47,8 @@ type benchFlags struct {
 	strs   map[string]*string
 	add    func(name string, def int, usage string) *int
 	addStr func(name, def, usage string) *string
+	bools  map[string]*bool
+	addB   func(name string, def bool, usage string) *bool
 }
 
 // Int declares an integer flag of the scenario.
@@ -53,6 +56,11 @@ func (f *benchFlags) Int(name string, def int, usage string) { f.ints[name] = f.
 
 // String declares a string flag of the scenario.
 func (f *benchFlags) String(name, def, usage string) { f.strs[name] = f.addStr(name, def, usage) }
+
+// Bool declares a boolean flag of the scenario.
+func (f *benchFlags) Bool(name string, def bool, usage string) {
+	f.bools[name] = f.addB(name, def, usage)
+}
 
 // benchResult is one variant's figures.
 type benchResult struct {
@@ -102,6 +110,7 @@ func runBench(ctx context.Context, args []string) error {
 	bf := &benchFlags{
 		ints: map[string]*int{}, add: func(name string, def int, usage string) *int { return fs.Int(name, def, usage) },
 		strs: map[string]*string{}, addStr: func(name, def, usage string) *string { return fs.String(name, def, usage) },
+		bools: map[string]*bool{}, addB: func(name string, def bool, usage string) *bool { return fs.Bool(name, def, usage) },
 	}
 	if sc.Flags != nil {
 		sc.Flags(bf)
@@ -112,7 +121,7 @@ func runBench(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return cli.Usagef("unexpected argument %q", fs.Arg(0))
 	}
-	results, err := sc.Run(ctx, &benchEnv{DatabaseURL: *dbURL, Log: os.Stderr, Ints: bf.ints, Strings: bf.strs})
+	results, err := sc.Run(ctx, &benchEnv{DatabaseURL: *dbURL, Log: os.Stderr, Ints: bf.ints, Strings: bf.strs, Bools: bf.bools})
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem/internal/cli"
 	"github.com/idemkit/idem/migrate"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/outbox/wal"
 )
 
 func init() {
@@ -21,18 +22,28 @@ func init() {
 		Summary: "What the outbox costs a business transaction, --clients concurrent clients:\n" +
 			"plain (BEGIN, one INSERT of a business row, COMMIT: the baseline), enqueue-1\n" +
 			"(the same plus outbox.EnqueueTx of one event) and enqueue-10 (of ten events),\n" +
-			"each event of an aggregate of its own transaction. Ratios are to plain.\n" +
-			"Variants run interleaved in rounds. Scratch schema (dropped after).",
+			"each event of an aggregate of its own transaction; wal-1 and wal-10: the same\n" +
+			"events written to the WAL by the WAL outbox (package outbox/wal), no table row.\n" +
+			"Ratios are to plain. Variants run interleaved in rounds. Scratch schema\n" +
+			"(dropped after). The wal-* variants need wal_level=logical on the server:\n" +
+			"without it the run fails, unless --wal=false leaves them out.",
 		Flags: func(fs *benchFlags) {
 			fs.Int("seconds", 6, "measured seconds per variant, split over the rounds")
 			fs.Int("rounds", 3, "interleaved rounds: every round runs every variant once")
 			fs.Int("clients", 16, "concurrent clients")
+			fs.Bool("wal", true, "run the WAL outbox's variants wal-1 and wal-10 (need wal_level=logical); false leaves them out")
 		},
 		Run: runBenchEnqueue,
 	})
 }
 
 func runBenchEnqueue(ctx context.Context, env *benchEnv) ([]benchResult, error) {
+	return benchEnqueue(ctx, env, *env.Bools["wal"])
+}
+
+// benchEnqueue runs plain, enqueue-1 and enqueue-10, and with withWAL
+// wal-1 and wal-10 too, interleaved in the same rounds.
+func benchEnqueue(ctx context.Context, env *benchEnv, withWAL bool) ([]benchResult, error) {
 	seconds, clients, rounds := *env.Ints["seconds"], *env.Ints["clients"], *env.Ints["rounds"]
 	for name, v := range map[string]int{"seconds": seconds, "clients": clients, "rounds": rounds} {
 		if v < 1 {
@@ -46,6 +57,7 @@ func runBenchEnqueue(ctx context.Context, env *benchEnv) ([]benchResult, error) 
 	defer drop()
 	u, _ := url.Parse(urls[0])
 	q := u.Query()
+	fmt.Fprintf(env.Log, "enqueue: scratch schema %s\n", q.Get("search_path"))
 	q.Set("pool_max_conns", strconv.Itoa(clients))
 	u.RawQuery = q.Encode()
 	pool, err := cli.Connect(ctx, u.String())
@@ -53,6 +65,11 @@ func runBenchEnqueue(ctx context.Context, env *benchEnv) ([]benchResult, error) 
 		return nil, err
 	}
 	defer pool.Close()
+	if withWAL {
+		if err := benchWALLevel(ctx, pool, "bench enqueue: wal-1 and wal-10"); err != nil {
+			return nil, err
+		}
+	}
 	if _, err := migrate.Up(ctx, pool); err != nil {
 		return nil, fmt.Errorf("migrate scratch schema: %w", err)
 	}
@@ -65,7 +82,9 @@ func runBenchEnqueue(ctx context.Context, env *benchEnv) ([]benchResult, error) 
 	var seq atomic.Int64
 	// op is one business transaction: the order row, then n events about
 	// it (its own aggregate, as a real order's events are), one commit.
-	op := func(n int) func(context.Context) error {
+	// The WAL variants write with a prefix no relay reads.
+	walEnq := wal.Enqueuer{Prefix: "idem.bench.unread"}
+	op := func(n int, inWAL bool) func(context.Context) error {
 		return func(ctx context.Context) error {
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				var id int64
@@ -82,6 +101,10 @@ func runBenchEnqueue(ctx context.Context, env *benchEnv) ([]benchResult, error) 
 					msgs[i] = outbox.Message{Topic: "orders.events", AggregateType: "order", AggregateID: agg,
 						EventType: "OrderCreated", Payload: []byte(`{"customer_id":"c1","total_kopecks":1000}`)}
 				}
+				if inWAL {
+					_, err := walEnq.EnqueueTx(ctx, tx, msgs...)
+					return err
+				}
 				_, err := outbox.EnqueueTx(ctx, tx, msgs...)
 				return err
 			})
@@ -90,7 +113,13 @@ func runBenchEnqueue(ctx context.Context, env *benchEnv) ([]benchResult, error) 
 	variants := []struct {
 		name string
 		op   func(context.Context) error
-	}{{"plain", op(0)}, {"enqueue-1", op(1)}, {"enqueue-10", op(10)}}
+	}{{"plain", op(0, false)}, {"enqueue-1", op(1, false)}, {"enqueue-10", op(10, false)}}
+	if withWAL {
+		variants = append(variants, []struct {
+			name string
+			op   func(context.Context) error
+		}{{"wal-1", op(1, true)}, {"wal-10", op(10, true)}}...)
+	}
 	// Interleaved rounds, as in bench http: a drift of the shared machine
 	// falls on every variant alike.
 	dur := time.Duration(seconds) * time.Second
@@ -122,6 +151,14 @@ func runBenchEnqueue(ctx context.Context, env *benchEnv) ([]benchResult, error) 
 			verdict = "MISSED"
 		}
 		fmt.Fprintf(env.Log, "enqueue: enqueue-1 / plain = %.2f (target ≥ 0.75: %s)\n", results[1].Ratio, verdict)
+	}
+	if withWAL {
+		r := results[3].Ratio
+		verdict := "met"
+		if r < 0.75 {
+			verdict = "MISSED"
+		}
+		fmt.Fprintf(env.Log, "enqueue: wal-1 / plain = %.2f (target ≥ 0.75: %s)\n", r, verdict)
 	}
 	return results, nil
 }

@@ -2,15 +2,16 @@ package main
 
 import (
 	"encoding/json"
+	"regexp"
 	"testing"
 
 	"github.com/idemkit/idem/internal/testdb"
 )
 
 // TestBenchEnqueueJSON runs the scenario small and checks the contract:
-// one JSON object, the result names plain, enqueue-1, enqueue-10 in order,
-// ratios to plain, and the scratch schema gone
-// afterwards.
+// one JSON object, the result names plain, enqueue-1, enqueue-10, wal-1,
+// wal-10 in order, ratios to plain, and the scratch schema gone
+// afterwards; --wal=false leaves the wal-* results out.
 func TestBenchEnqueueJSON(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t, testdb.Empty())
@@ -33,7 +34,7 @@ func TestBenchEnqueueJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &out); err != nil {
 		t.Fatalf("stdout is not one JSON object: %v\n%s", err, stdout)
 	}
-	want := []string{"plain", "enqueue-1", "enqueue-10"}
+	want := []string{"plain", "enqueue-1", "enqueue-10", "wal-1", "wal-10"}
 	if out.Scenario != "enqueue" || len(out.Results) != len(want) {
 		t.Fatalf("unexpected results: %+v", out)
 	}
@@ -45,8 +46,30 @@ func TestBenchEnqueueJSON(t *testing.T) {
 	if out.Results[0].Ratio != 1 {
 		t.Errorf("plain ratio %v, want 1", out.Results[0].Ratio)
 	}
+	stdout, stderr2, code := runIdem(t, []string{"DATABASE_URL=" + db.URL}, "bench", "enqueue", "--json",
+		"--seconds", "1", "--rounds", "1", "--clients", "2", "--wal=false")
+	if code != 0 {
+		t.Fatalf("--wal=false: exit %d: %s", code, stderr2)
+	}
+	out.Results = nil
+	if err := json.Unmarshal([]byte(stdout), &out); err != nil {
+		t.Fatalf("--wal=false: stdout is not one JSON object: %v\n%s", err, stdout)
+	}
+	if len(out.Results) != 3 || out.Results[2].Name != "enqueue-10" {
+		t.Errorf("--wal=false: %+v, want plain, enqueue-1, enqueue-10", out.Results)
+	}
+	// The bench wal test runs this scenario at the same time: count this
+	// run's schema only, by the name it printed.
+	var names []string
+	for _, e := range []string{stderr, stderr2} {
+		m := regexp.MustCompile(`scratch schema (bench_enqueue_[0-9a-f]{12}_0)`).FindStringSubmatch(e)
+		if m == nil {
+			t.Fatalf("no scratch schema name on stderr:\n%s", e)
+		}
+		names = append(names, m[1])
+	}
 	var left int
-	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'bench_enqueue_%'`).Scan(&left); err != nil {
+	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_namespace WHERE nspname = ANY($1)`, names).Scan(&left); err != nil {
 		t.Fatal(err)
 	}
 	if left != 0 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/url"
 	"slices"
 	"strconv"
@@ -22,6 +23,7 @@ import (
 	"github.com/idemkit/idem/kafka"
 	"github.com/idemkit/idem/migrate"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/outbox/wal"
 )
 
 func init() {
@@ -39,8 +41,14 @@ func init() {
 			"events of one aggregate), retained (at-least-once after --retained PUBLISHED\n" +
 			"events kept for retention) and purge (deleting those retained rows with\n" +
 			"Relay.Purge, rows/s); then notify-latency: commit → Kafka latency at --rate\n" +
-			"events/s with LISTEN/NOTIFY wake-up (poll interval 1s). In-process kfake\n" +
-			"broker, scratch schemas (dropped after).",
+			"events/s with LISTEN/NOTIFY wake-up (poll interval 1s). Then the WAL outbox\n" +
+			"(package outbox/wal): wal-floor (a backlog of --wal-events events decoded from\n" +
+			"the slot and confirmed, no publish: the limit), wal (the same backlog to Kafka,\n" +
+			"acknowledged; its ratio is to wal-floor, and the log gives it over\n" +
+			"at-least-once too) and wal-latency (commit → Kafka ack at --rate events/s).\n" +
+			"The wal-* results need wal_level=logical on the server: without it the run\n" +
+			"fails at once, unless --wal=false leaves them out. In-process kfake broker,\n" +
+			"scratch schemas, slots and publications (dropped after).",
 		Flags: func(fs *benchFlags) {
 			fs.Int("events", 100_000, "events drained by each throughput variant")
 			fs.Int("aggregates", 1000, "aggregates the events are spread over")
@@ -49,7 +57,9 @@ func init() {
 			fs.Int("blocked-aggregates", 1000, "aggregates the blocked events are spread over (half DEAD heads, half heads in backoff)")
 			fs.Int("retained", 1_000_000, "PUBLISHED events kept in the retained variant's table")
 			fs.Int("latency-events", 5000, "events of the notify-latency run")
-			fs.Int("rate", 1000, "events per second in the notify-latency run")
+			fs.Int("rate", 1000, "events per second in the notify-latency and wal-latency runs")
+			fs.Int("wal-events", 200_000, "events drained by wal-floor and wal")
+			fs.Bool("wal", true, "run the WAL outbox's results wal-floor, wal, wal-latency (need wal_level=logical); false leaves them out")
 		},
 		Run: runBenchRelay,
 	})
@@ -89,12 +99,21 @@ func runBenchRelay(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	if batchSize > 100_000 {
 		return nil, cli.Usagef("--batch-size must be at most 100000")
 	}
+	withWAL := *env.Bools["wal"]
+	if withWAL {
+		if *env.Ints["wal-events"] < 1 {
+			return nil, cli.Usagef("--wal-events must be at least 1")
+		}
+		if batchSize > wal.BatchSizeMax {
+			return nil, cli.Usagef("--batch-size must be at most %d with the WAL results (or --wal=false)", wal.BatchSizeMax)
+		}
+	}
 
-	// Scratch schemas: one per throughput variant and one for the latency
-	// run; the writers of the latency run get their own URL on the last one,
-	// with synchronous_commit off.
+	// Scratch schemas: one per throughput variant, one for the latency
+	// run (the writers of the latency run get their own URL on it, with
+	// synchronous_commit off) and one for the WAL results.
 	nv := len(benchRelayVariants)
-	urls, drop, err := scratchSchemas(ctx, env.DatabaseURL, "bench_relay", nv+1, nil)
+	urls, drop, err := scratchSchemas(ctx, env.DatabaseURL, "bench_relay", nv+2, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -122,6 +141,19 @@ func runBenchRelay(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 			return nil, fmt.Errorf("migrate scratch schema: %w", err)
 		}
 		return pool, nil
+	}
+
+	// The WAL results need a logical server: find out before the table
+	// variants spend minutes.
+	var walPool *pgxpool.Pool
+	if withWAL {
+		if walPool, err = newPool(nv+1, 20); err != nil {
+			return nil, err
+		}
+		defer walPool.Close()
+		if err := benchWALLevel(ctx, walPool, "bench relay: wal-floor, wal and wal-latency"); err != nil {
+			return nil, err
+		}
 	}
 
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
@@ -284,7 +316,19 @@ func runBenchRelay(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		return nil, fmt.Errorf("notify-latency: %w", err)
 	}
 	results = append(results, res)
+	if withWAL {
+		we := *env.Ints["wal-events"]
+		env := *env
+		env.Ints = maps.Clone(env.Ints)
+		env.Ints["events"] = &we
+		walRes, err := benchWALRelay(ctx, &env, urls[nv+1], walPool, pub)
+		if err != nil {
+			return nil, err
+		}
+		results = append(results, walRes...)
+	}
 	benchRelayRatios(env.Log, results)
+	benchWALRatios(env.Log, results)
 	return results, nil
 }
 
@@ -297,7 +341,11 @@ func benchRelayRatios(log io.Writer, results []benchResult) {
 	}
 	floor := ops["sql-floor"]
 	for i := range results {
-		if floor > 0 && results[i].Name != "notify-latency" && results[i].Name != "purge" {
+		switch results[i].Name {
+		case "notify-latency", "purge", "wal-latency":
+			continue
+		}
+		if floor > 0 {
 			results[i].Ratio = results[i].OpsPerSec / floor
 		}
 	}

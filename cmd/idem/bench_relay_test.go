@@ -10,14 +10,15 @@ import (
 
 // TestBenchRelayJSON runs the scenario small and checks the contract: one
 // JSON object, the result names in order (sql-floor first, every
-// throughput figure with its ratio to it), every event counted, the
-// retained rows purged, and the scratch schemas gone afterwards.
+// throughput figure with its ratio to it, wal's to wal-floor), every
+// event counted, the retained rows purged, and the scratch schemas, slots
+// and publications gone afterwards.
 func TestBenchRelayJSON(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t, testdb.Empty())
 	stdout, stderr, code := runIdem(t, []string{"DATABASE_URL=" + db.URL}, "bench", "relay", "--json",
 		"--events", "1200", "--aggregates", "40", "--batch-size", "200", "--latency-events", "100", "--rate", "200",
-		"--publisher-events", "0", "--blocked", "400", "--blocked-aggregates", "20", "--retained", "3000")
+		"--publisher-events", "0", "--blocked", "400", "--blocked-aggregates", "20", "--retained", "3000", "--wal-events", "900")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -35,7 +36,8 @@ func TestBenchRelayJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &out); err != nil {
 		t.Fatalf("stdout is not one JSON object: %v\n%s", err, stdout)
 	}
-	want := []string{"sql-floor", "sql-ceiling", "per-row", "at-least-once", "two-phase", "backlog", "hot-aggregate", "retained", "purge", "notify-latency"}
+	want := []string{"sql-floor", "sql-ceiling", "per-row", "at-least-once", "two-phase", "backlog", "hot-aggregate", "retained", "purge", "notify-latency",
+		"wal-floor", "wal", "wal-latency"}
 	if out.Scenario != "relay" || len(out.Results) != len(want) {
 		t.Fatalf("unexpected results: %+v", out)
 	}
@@ -44,8 +46,10 @@ func TestBenchRelayJSON(t *testing.T) {
 		switch r.Name {
 		case "purge":
 			wantOps, ratio = 3000, false
-		case "notify-latency":
+		case "notify-latency", "wal-latency":
 			wantOps, ratio = 100, false
+		case "wal-floor", "wal":
+			wantOps = 900
 		}
 		if r.Name != want[i] || r.Ops != wantOps || r.OpsPerSec <= 0 || r.P99Ms < r.P50Ms || (r.Ratio > 0) != ratio {
 			t.Errorf("result %d: %+v, want name %s and %d ops", i, r, want[i], wantOps)
@@ -53,6 +57,10 @@ func TestBenchRelayJSON(t *testing.T) {
 	}
 	if out.Results[0].Ratio != 1 {
 		t.Errorf("sql-floor ratio %v, want 1", out.Results[0].Ratio)
+	}
+	floor, w := out.Results[len(want)-3], out.Results[len(want)-2]
+	if r := w.OpsPerSec / floor.OpsPerSec; w.Ratio < r*0.999 || w.Ratio > r*1.001 {
+		t.Errorf("wal ratio %v, want wal / wal-floor = %v", w.Ratio, r)
 	}
 	// Other tests run this scenario at the same time: count this run's
 	// schemas only, by the name it printed.
@@ -67,7 +75,8 @@ func TestBenchRelayJSON(t *testing.T) {
 	if left != 0 {
 		t.Errorf("%d scratch schemas left behind", left)
 	}
-	for _, args := range [][]string{{"--events", "0"}, {"--batch-size", "200000"}, {"--blocked", "5", "--blocked-aggregates", "10"}, {"--retained", "-1"}} {
+	benchWALLeftBehind(t, db, stderr)
+	for _, args := range [][]string{{"--events", "0"}, {"--batch-size", "200000"}, {"--blocked", "5", "--blocked-aggregates", "10"}, {"--retained", "-1"}, {"--wal-events", "0"}} {
 		if _, stderr, code := runIdem(t, nil, append([]string{"bench", "relay"}, args...)...); code != 2 {
 			t.Errorf("%v: exit %d (%s), want 2", args, code, stderr)
 		}

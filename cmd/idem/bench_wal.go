@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"strconv"
@@ -27,28 +28,28 @@ import (
 	"github.com/idemkit/idem/outbox/wal"
 )
 
-// The WAL outbox's benchmarks (issue 19). Its result names belong to two
-// scenarios of the contract: wal-1 and wal-10 to `idem bench enqueue`
-// (beside plain, enqueue-1 and enqueue-10), wal-floor, wal and wal-latency
-// to `idem bench relay` (beside at-least-once). Until they are folded into
-// those, `idem bench wal` runs them all with the baselines they are
-// compared to, in the same run: benchWALEnqueue and benchWALRelay are the
-// two halves to fold.
+// The WAL outbox's benchmarks (issue 19). Its results belong to two
+// scenarios: wal-1 and wal-10 to `idem bench enqueue` (bench_enqueue.go),
+// wal-floor, wal and wal-latency to `idem bench relay` (benchWALRelay,
+// called by runBenchRelay). `idem bench wal` is an alias that runs both
+// WAL parts with the baselines they are compared to: the enqueue scenario
+// with its WAL variants, then the table relay's at-least-once and the WAL
+// relay's variants on one backlog size.
 func init() {
 	registerBench(&benchScenario{
 		Name: "wal",
-		Summary: "The WAL outbox (package outbox/wal) against its baselines, in one run. Enqueue\n" +
-			"cost: --clients concurrent writers commit --txs one-row business transactions\n" +
-			"each variant: plain (the row alone), enqueue-1/enqueue-10 (plus 1 or 10 events\n" +
-			"into the outbox table), wal-1/wal-10 (plus 1 or 10 pg_logical_emit_message\n" +
-			"events). Relay: a backlog of --events events drained by wal-floor (decoded and\n" +
-			"confirmed, no publish), wal (to Kafka, acked) and the table relay's\n" +
-			"at-least-once; then wal-latency: commit → Kafka ack at --rate events/s.\n" +
-			"Needs wal_level=logical. In-process kfake broker; scratch schemas, slots and\n" +
-			"publications are dropped after.",
+		Summary: "The WAL outbox's results of `idem bench enqueue` and `idem bench relay`, in one\n" +
+			"run (an alias of both WAL parts). Enqueue cost: plain, enqueue-1, enqueue-10,\n" +
+			"wal-1, wal-10 (as `bench enqueue`: --clients clients, --seconds per variant in\n" +
+			"--rounds interleaved rounds). Relay: a backlog of --events events drained by\n" +
+			"wal-floor (decoded and confirmed, no publish), wal (to Kafka, acked) and the\n" +
+			"table relay's at-least-once; then wal-latency: commit → Kafka ack at --rate\n" +
+			"events/s. Needs wal_level=logical. In-process kfake broker; scratch schemas,\n" +
+			"slots and publications are dropped after.",
 		Flags: func(fs *benchFlags) {
-			fs.Int("clients", 8, "concurrent writers of the enqueue variants")
-			fs.Int("txs", 4000, "transactions per enqueue variant")
+			fs.Int("seconds", 6, "measured seconds per enqueue variant, split over the rounds")
+			fs.Int("rounds", 3, "interleaved rounds of the enqueue variants")
+			fs.Int("clients", 16, "concurrent clients of the enqueue variants")
 			fs.Int("events", 200_000, "events drained by each relay variant")
 			fs.Int("batch-size", 1000, "relay batch size")
 			fs.Int("latency-events", 5000, "events of the wal-latency run")
@@ -58,150 +59,169 @@ func init() {
 	})
 }
 
+// benchWALLevel fails, in one line naming wal_level, when the server
+// behind pool does not decode logical WAL; what names the results that
+// need it.
+func benchWALLevel(ctx context.Context, pool *pgxpool.Pool, what string) error {
+	var level string
+	if err := pool.QueryRow(ctx, "SHOW wal_level").Scan(&level); err != nil {
+		return err
+	}
+	if level != "logical" {
+		return fmt.Errorf("%s need wal_level=logical, the server has wal_level=%s: set it (and restart the server), or pass --wal=false to leave the WAL results out: %w",
+			what, level, wal.ErrNotLogical)
+	}
+	return nil
+}
+
+// benchWALFlags checks the flags benchWALRelay reads.
+func benchWALFlags(env *benchEnv) error {
+	for _, name := range []string{"events", "batch-size", "latency-events", "rate"} {
+		if *env.Ints[name] < 1 {
+			return cli.Usagef("--%s must be at least 1", name)
+		}
+	}
+	if *env.Ints["batch-size"] > wal.BatchSizeMax {
+		return cli.Usagef("--batch-size must be at most %d", wal.BatchSizeMax)
+	}
+	return nil
+}
+
 func runBenchWAL(ctx context.Context, env *benchEnv) ([]benchResult, error) {
-	for _, name := range []string{"clients", "txs", "events", "batch-size", "latency-events", "rate"} {
+	if err := benchWALFlags(env); err != nil {
+		return nil, err
+	}
+	for _, name := range []string{"seconds", "clients", "rounds"} {
 		if *env.Ints[name] < 1 {
 			return nil, cli.Usagef("--%s must be at least 1", name)
 		}
 	}
-	if *env.Ints["batch-size"] > wal.BatchSizeMax {
-		return nil, cli.Usagef("--batch-size must be at most %d", wal.BatchSizeMax)
-	}
-	urls, drop, err := scratchSchemas(ctx, env.DatabaseURL, "bench_wal", 2, nil)
+	urls, drop, err := scratchSchemas(ctx, env.DatabaseURL, "bench_wal", 1, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer drop()
-	pools := make([]*pgxpool.Pool, len(urls))
-	for i, u := range urls {
-		pu, _ := url.Parse(u)
-		q := pu.Query()
-		q.Set("pool_max_conns", strconv.Itoa(*env.Ints["clients"]+4))
-		pu.RawQuery = q.Encode()
-		if pools[i], err = cli.Connect(ctx, pu.String()); err != nil {
-			return nil, err
-		}
-		defer pools[i].Close()
-		if _, err := migrate.Up(ctx, pools[i]); err != nil {
-			return nil, fmt.Errorf("migrate scratch schema: %w", err)
-		}
-	}
-	var level string
-	if err := pools[0].QueryRow(ctx, "SHOW wal_level").Scan(&level); err != nil {
-		return nil, err
-	}
-	if level != "logical" {
-		return nil, fmt.Errorf("%w (it is %s): set it on the server DATABASE_URL names", wal.ErrNotLogical, level)
-	}
-	res, err := benchWALEnqueue(ctx, env, pools[0])
+	pu, _ := url.Parse(urls[0])
+	q := pu.Query()
+	q.Set("pool_max_conns", "20")
+	pu.RawQuery = q.Encode()
+	pool, err := cli.Connect(ctx, pu.String())
 	if err != nil {
 		return nil, err
 	}
-	rel, err := benchWALRelay(ctx, env, urls[1], pools[1])
+	defer pool.Close()
+	if err := benchWALLevel(ctx, pool, "bench wal: the WAL outbox's results"); err != nil {
+		return nil, err
+	}
+	if _, err := migrate.Up(ctx, pool); err != nil {
+		return nil, fmt.Errorf("migrate scratch schema: %w", err)
+	}
+	res, err := benchEnqueue(ctx, env, true)
 	if err != nil {
 		return nil, err
 	}
-	return append(res, rel...), nil
+
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		return nil, fmt.Errorf("start kfake: %w", err)
+	}
+	defer cluster.Close()
+	cl, err := kgo.NewClient(append(kafka.ProducerOpts(), kgo.SeedBrokers(cluster.ListenAddrs()...),
+		kgo.ProducerBatchCompression(kgo.NoCompression()))...)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	for _, topic := range []string{"bench.relay", "bench.latency"} {
+		resp, err := kadm.NewClient(cl).CreateTopic(ctx, 8, 1, nil, topic)
+		if err == nil {
+			err = resp.Err
+		}
+		if err != nil {
+			return nil, fmt.Errorf("create topic: %w", err)
+		}
+	}
+	pub, err := kafka.NewPublisher(cl, nil)
+	if err != nil {
+		return nil, err
+	}
+	rel, err := benchWALRelay(ctx, env, urls[0], pool, pub)
+	if err != nil {
+		return nil, err
+	}
+
+	// The table relay, same broker, same count: its at-least-once mode.
+	events, batchSize := *env.Ints["events"], *env.Ints["batch-size"]
+	fmt.Fprintf(env.Log, "wal: at-least-once: seeding and draining %d events...\n", events)
+	if err := benchRelaySeed(ctx, pool, "agg-", events, 1000, 0); err != nil {
+		return nil, err
+	}
+	tr, err := outbox.NewRelay(pool, pub, &outbox.RelayConfig{BatchSize: batchSize, DisableNotify: true, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	total := 0
+	for {
+		n, err := tr.RunBatch(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("at-least-once: %w", err)
+		}
+		if n == 0 {
+			break
+		}
+		total += n
+	}
+	if total != events {
+		return nil, fmt.Errorf("at-least-once: published %d of %d events", total, events)
+	}
+	alo := latencyResult("at-least-once", nil, events, time.Since(t0))
+	// wal-floor, wal, at-least-once, wal-latency: the order of before the fold.
+	out := append(res, rel[0], rel[1], alo, rel[2])
+	benchWALRatios(env.Log, out)
+	return out, nil
 }
 
-// benchWALEnqueue measures the cost of an enqueue on a one-row business
-// transaction: plain, enqueue-1, enqueue-10, wal-1, wal-10. The variants
-// take turns in two rounds, half the transactions each, so that the load
-// of a shared machine falls on all alike.
-func benchWALEnqueue(ctx context.Context, env *benchEnv, pool *pgxpool.Pool) ([]benchResult, error) {
-	clients, txs := *env.Ints["clients"], *env.Ints["txs"]
-	if _, err := pool.Exec(ctx, "CREATE TABLE bench_item (id bigserial PRIMARY KEY, v text NOT NULL)"); err != nil {
-		return nil, err
-	}
-	events := func(tx int, n int) []outbox.Message {
-		msgs := make([]outbox.Message, n)
-		for i := range msgs {
-			msgs[i] = outbox.Message{Topic: "bench.enqueue", AggregateType: "order", AggregateID: "agg-" + strconv.Itoa(tx%1000),
-				EventType: "BenchEvent", Payload: []byte(`{"amount_kopecks":1000,"customer_id":"c1"}`)}
-		}
-		return msgs
-	}
-	// The WAL variants write with a prefix no relay reads.
-	enq := wal.Enqueuer{Prefix: "idem.bench.unread"}
-	type variant struct {
-		name string
-		fn   func(ctx context.Context, tx pgx.Tx, i int) error
-		lat  []float64
-		dur  time.Duration
-		ops  int
-	}
-	vs := []*variant{
-		{name: "plain", fn: func(context.Context, pgx.Tx, int) error { return nil }},
-		{name: "enqueue-1", fn: func(ctx context.Context, tx pgx.Tx, i int) error {
-			_, err := outbox.EnqueueTx(ctx, tx, events(i, 1)...)
-			return err
-		}},
-		{name: "enqueue-10", fn: func(ctx context.Context, tx pgx.Tx, i int) error {
-			_, err := outbox.EnqueueTx(ctx, tx, events(i, 10)...)
-			return err
-		}},
-		{name: "wal-1", fn: func(ctx context.Context, tx pgx.Tx, i int) error {
-			_, err := enq.EnqueueTx(ctx, tx, events(i, 1)...)
-			return err
-		}},
-		{name: "wal-10", fn: func(ctx context.Context, tx pgx.Tx, i int) error {
-			_, err := enq.EnqueueTx(ctx, tx, events(i, 10)...)
-			return err
-		}},
-	}
-	for round := range 2 {
-		n := txs / 2
-		if round == 1 {
-			n = txs - txs/2
-		}
-		for _, v := range vs {
-			fmt.Fprintf(env.Log, "wal: enqueue %s, round %d: %d transactions by %d clients...\n", v.name, round+1, n, clients)
-			var next atomic.Int64
-			lats := make([][]float64, clients)
-			errs := make(chan error, clients)
-			var wg sync.WaitGroup
-			t0 := time.Now()
-			for c := range clients {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for {
-						i := int(next.Add(1)) - 1
-						if i >= n || ctx.Err() != nil {
-							return
-						}
-						s := time.Now()
-						err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-							if _, err := tx.Exec(ctx, "INSERT INTO bench_item (v) VALUES ($1)", "item"); err != nil {
-								return err
-							}
-							return v.fn(ctx, tx, i)
-						})
-						if err != nil {
-							errs <- fmt.Errorf("%s: %w", v.name, err)
-							return
-						}
-						lats[c] = append(lats[c], float64(time.Since(s).Microseconds())/1000)
-					}
-				}()
-			}
-			wg.Wait()
-			v.dur += time.Since(t0)
-			close(errs)
-			if err := <-errs; err != nil {
-				return nil, err
-			}
-			for _, l := range lats {
-				v.lat = append(v.lat, l...)
-			}
-			v.ops += n
+// benchWALRatios sets wal's ratio to wal-floor, same run, and prints the
+// issue's targets for the WAL relay on the log: wal ≥ 0.5 × wal-floor,
+// wal ≥ 3 × the table relay's at-least-once, wal-latency p50 ≤ 5 ms and
+// p99 ≤ 50 ms.
+func benchWALRatios(log io.Writer, results []benchResult) {
+	ops := map[string]float64{}
+	var lat *benchResult
+	for i, r := range results {
+		ops[r.Name] = r.OpsPerSec
+		if r.Name == "wal-latency" {
+			lat = &results[i]
 		}
 	}
-	var out []benchResult
-	for _, v := range vs {
-		out = append(out, latencyResult(v.name, v.lat, v.ops, v.dur))
+	if ops["wal-floor"] > 0 {
+		for i := range results {
+			if results[i].Name == "wal" {
+				results[i].Ratio = results[i].OpsPerSec / ops["wal-floor"]
+			}
+		}
 	}
-	return out, nil
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "MISSED"
+	}
+	for _, t := range []struct {
+		base string
+		min  float64
+	}{{"wal-floor", 0.5}, {"at-least-once", 3}} {
+		if ops["wal"] == 0 || ops[t.base] == 0 {
+			continue
+		}
+		got := ops["wal"] / ops[t.base]
+		fmt.Fprintf(log, "wal: wal / %s = %.2f (target ≥ %.2f: %s)\n", t.base, got, t.min, verdict(got >= t.min))
+	}
+	if lat != nil {
+		fmt.Fprintf(log, "wal: wal-latency p50 %.2f ms, p99 %.2f ms (target ≤ 5 / ≤ 50: %s)\n", lat.P50Ms, lat.P99Ms,
+			verdict(lat.P50Ms <= 5 && lat.P99Ms <= 50))
+	}
 }
 
 // benchCounter is a publisher that counts and acknowledges, for
@@ -238,39 +258,18 @@ func (c *benchCounter) add(n int64) {
 	}
 }
 
-// benchWALRelay drains a backlog of --events events through wal-floor, wal
-// and the table relay's at-least-once, then measures wal-latency.
-func benchWALRelay(ctx context.Context, env *benchEnv, dbURL string, pool *pgxpool.Pool) ([]benchResult, error) {
+// benchWALRelay drains a backlog of --events events through wal-floor
+// (decoded and confirmed, a publisher that does nothing) and wal (through
+// pub, to Kafka, acknowledged), then measures wal-latency. dbURL and pool
+// name a scratch schema on a server with wal_level=logical; pub publishes
+// to a broker with the topics bench.relay and bench.latency.
+func benchWALRelay(ctx context.Context, env *benchEnv, dbURL string, pool *pgxpool.Pool, pub outbox.Publisher) ([]benchResult, error) {
 	events, batchSize := *env.Ints["events"], *env.Ints["batch-size"]
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		return nil, fmt.Errorf("start kfake: %w", err)
-	}
-	defer cluster.Close()
-	addrs := cluster.ListenAddrs()
-	cl, err := kgo.NewClient(append(kafka.ProducerOpts(), kgo.SeedBrokers(addrs...),
-		kgo.ProducerBatchCompression(kgo.NoCompression()))...)
-	if err != nil {
-		return nil, err
-	}
-	defer cl.Close()
-	for _, topic := range []string{"bench.relay", "bench.latency"} {
-		resp, err := kadm.NewClient(cl).CreateTopic(ctx, 8, 1, nil, topic)
-		if err == nil {
-			err = resp.Err
-		}
-		if err != nil {
-			return nil, fmt.Errorf("create topic: %w", err)
-		}
-	}
-	pub, err := kafka.NewPublisher(cl, nil)
-	if err != nil {
-		return nil, err
-	}
 	quiet := slog.New(slog.DiscardHandler)
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	run := "bench_wal_" + hex.EncodeToString(b[:])
+	fmt.Fprintf(env.Log, "wal: slots and publications %s_…\n", run)
 	var slots []string
 	defer func() {
 		dctx := context.WithoutCancel(ctx)
@@ -352,36 +351,7 @@ func benchWALRelay(ctx context.Context, env *benchEnv, dbURL string, pool *pgxpo
 		out = append(out, res)
 	}
 
-	// The table relay, same broker, same count: its at-least-once mode.
-	fmt.Fprintf(env.Log, "wal: at-least-once: seeding and draining %d events...\n", events)
-	if _, err := pool.Exec(ctx, "TRUNCATE outbox_event, outbox_aggregate"); err != nil {
-		return nil, err
-	}
-	if err := benchRelaySeed(ctx, pool, "agg-", events, 1000, 0); err != nil {
-		return nil, err
-	}
-	tr, err := outbox.NewRelay(pool, pub, &outbox.RelayConfig{BatchSize: batchSize, DisableNotify: true, Logger: quiet})
-	if err != nil {
-		return nil, err
-	}
-	t0 := time.Now()
-	total := 0
-	for {
-		n, err := tr.RunBatch(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("at-least-once: %w", err)
-		}
-		if n == 0 {
-			break
-		}
-		total += n
-	}
-	if total != events {
-		return nil, fmt.Errorf("at-least-once: published %d of %d events", total, events)
-	}
-	out = append(out, latencyResult("at-least-once", nil, events, time.Since(t0)))
-
-	lat, err := benchWALLatency(ctx, env, pool, addrs, pub, newRelay)
+	lat, err := benchWALLatency(ctx, env, pool, pub, newRelay)
 	if err != nil {
 		return nil, fmt.Errorf("wal-latency: %w", err)
 	}
@@ -390,7 +360,7 @@ func benchWALRelay(ctx context.Context, env *benchEnv, dbURL string, pool *pgxpo
 
 // benchWALLatency: one event per transaction at --rate, commit → Kafka
 // acknowledgement (the publisher's return), p50 and p99.
-func benchWALLatency(ctx context.Context, env *benchEnv, pool *pgxpool.Pool, _ []string, pub outbox.Publisher,
+func benchWALLatency(ctx context.Context, env *benchEnv, pool *pgxpool.Pool, pub outbox.Publisher,
 	newRelay func(string, outbox.Publisher) (*wal.Relay, string, error)) (benchResult, error) {
 	n, rate := *env.Ints["latency-events"], *env.Ints["rate"]
 	committed := make([]atomic.Int64, n)
