@@ -52,7 +52,7 @@ type group struct {
 
 // Reaper evicts dead members kfake keeps; see the package doc.
 type Reaper struct {
-	cl       *kgo.Client
+	seeds    []string
 	interval time.Duration
 	now      func() time.Time
 
@@ -70,13 +70,15 @@ func Start(c *kfake.Cluster, interval time.Duration) (*Reaper, error) {
 	if interval <= 0 {
 		interval = IntervalDefault
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	seeds := c.ListenAddrs()
+	probe, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
 	if err != nil {
-		return nil, err
+		return nil, err // bad seeds: every sweep would fail the same way
 	}
+	probe.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Reaper{
-		cl: cl, interval: interval, now: time.Now,
+		seeds: seeds, interval: interval, now: time.Now,
 		groups: map[string]*group{},
 		cancel: cancel, done: make(chan struct{}),
 	}
@@ -91,12 +93,11 @@ func Start(c *kfake.Cluster, interval time.Duration) (*Reaper, error) {
 	return r, nil
 }
 
-// Stop ends the loop and closes the reaper's client. The control hooks stay
-// (they only record); safe to call twice.
+// Stop ends the loop. The control hooks stay (they only record); safe to
+// call twice.
 func (r *Reaper) Stop() {
 	r.cancel()
 	<-r.done
-	r.cl.Close()
 }
 
 func (r *Reaper) groupLocked(name string) *group {
@@ -165,7 +166,9 @@ func (r *Reaper) loop(ctx context.Context) {
 }
 
 // sweep describes the groups seen and evicts the expired members of the
-// Stable ones.
+// Stable ones. Its client lives for one sweep: no connection of the
+// reaper's outlasts it (a test's proxy in front of the broker waits for
+// its connections to end before the cluster closes).
 func (r *Reaper) sweep(ctx context.Context) {
 	r.mu.Lock()
 	names := make([]string, 0, len(r.groups))
@@ -176,9 +179,14 @@ func (r *Reaper) sweep(ctx context.Context) {
 	if len(names) == 0 {
 		return
 	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(r.seeds...))
+	if err != nil {
+		return
+	}
+	defer cl.Close()
 	dreq := kmsg.NewPtrDescribeGroupsRequest()
 	dreq.Groups = names
-	dresp, err := dreq.RequestWith(ctx, r.cl)
+	dresp, err := dreq.RequestWith(ctx, cl)
 	if err != nil {
 		return // the broker is stopping, or busy: next time
 	}
@@ -194,7 +202,7 @@ func (r *Reaper) sweep(ctx context.Context) {
 			lm.MemberID = id
 			lm.Reason = kmsg.StringPtr(Reason)
 			lreq.Members = []kmsg.LeaveGroupRequestMember{lm}
-			_, _ = lreq.RequestWith(ctx, r.cl)
+			_, _ = lreq.RequestWith(ctx, cl)
 		}
 	}
 }
