@@ -147,7 +147,9 @@ func runDevkafka(ctx context.Context, args []string) error {
 	// kfake keeps a member that died while its JoinGroup waited, for
 	// ever, with the partitions it was given: the reaper expires it at its
 	// session timeout, as Kafka does (see package kfakereap).
-	reaper, err := kfakereap.Start(c, 0)
+	reaper, err := kfakereap.Start(c, 0, func(group, member string) {
+		fmt.Fprintf(os.Stderr, "devkafka: group %s: member %s expired (nothing from it for its session timeout)\n", group, member)
+	})
 	if err != nil {
 		c.Close()
 		return fmt.Errorf("start the group reaper: %w", err)

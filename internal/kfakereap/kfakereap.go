@@ -55,6 +55,7 @@ type Reaper struct {
 	seeds    []string
 	interval time.Duration
 	now      func() time.Time
+	onEvict  func(group, member string)
 
 	mu     sync.Mutex
 	groups map[string]*group
@@ -64,9 +65,10 @@ type Reaper struct {
 }
 
 // Start installs the reaper's control hooks on c and starts its loop, which
-// looks at the groups every interval (IntervalDefault when 0). Stop it
-// before closing c.
-func Start(c *kfake.Cluster, interval time.Duration) (*Reaper, error) {
+// looks at the groups every interval (IntervalDefault when 0). onEvict, if
+// not nil, is called after each eviction (from the loop's goroutine). Stop
+// it before closing c.
+func Start(c *kfake.Cluster, interval time.Duration, onEvict func(group, member string)) (*Reaper, error) {
 	if interval <= 0 {
 		interval = IntervalDefault
 	}
@@ -78,7 +80,7 @@ func Start(c *kfake.Cluster, interval time.Duration) (*Reaper, error) {
 	probe.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Reaper{
-		seeds: seeds, interval: interval, now: time.Now,
+		seeds: seeds, interval: interval, now: time.Now, onEvict: onEvict,
 		groups: map[string]*group{},
 		cancel: cancel, done: make(chan struct{}),
 	}
@@ -202,7 +204,9 @@ func (r *Reaper) sweep(ctx context.Context) {
 			lm.MemberID = id
 			lm.Reason = kmsg.StringPtr(Reason)
 			lreq.Members = []kmsg.LeaveGroupRequestMember{lm}
-			_, _ = lreq.RequestWith(ctx, cl)
+			if _, err := lreq.RequestWith(ctx, cl); err == nil && r.onEvict != nil {
+				r.onEvict(dg.Group, id)
+			}
 		}
 	}
 }

@@ -220,7 +220,7 @@ func TestDeadMemberWithAJoinInFlightIsEvicted(t *testing.T) {
 		seen.saw(req.(*kmsg.JoinGroupRequest).MemberID)
 		return nil, nil, false
 	})
-	r, err := kfakereap.Start(c, 100*time.Millisecond)
+	r, err := kfakereap.Start(c, 100*time.Millisecond, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ func New(t testing.TB, opts ...kfake.Opt) *Cluster {
 	// Registered after c.Close, so run before it: kfake keeps a member that
 	// died while its JoinGroup waited, for ever; the reaper expires it at
 	// its session timeout, as Kafka does (see package kfakereap).
-	r, err := kfakereap.Start(c, 0)
+	r, err := kfakereap.Start(c, 0, nil)
 	if err != nil {
 		t.Fatalf("testkafka: start the group reaper: %v", err)
 	}
