@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/idemkit/idem/internal/cli"
+	"github.com/idemkit/idem/internal/kfakereap"
 )
 
 func init() {
@@ -143,6 +144,16 @@ func runDevkafka(ctx context.Context, args []string) error {
 		return fmt.Errorf("start broker on port %d: %w", *port, err)
 	}
 	autoCreateTopics(c, int32(*partitions))
+	// kfake keeps a member that died while its JoinGroup waited, for
+	// ever, with the partitions it was given: the reaper expires it at its
+	// session timeout, as Kafka does (see package kfakereap).
+	reaper, err := kfakereap.Start(c, 0, func(group, member string) {
+		fmt.Fprintf(os.Stderr, "devkafka: group %s: member %s expired (nothing from it for its session timeout)\n", group, member)
+	})
+	if err != nil {
+		c.Close()
+		return fmt.Errorf("start the group reaper: %w", err)
+	}
 	if *failRate > 0 {
 		seed := *failSeed
 		if seed == 0 {
@@ -172,6 +183,7 @@ func runDevkafka(ctx context.Context, args []string) error {
 	signal.Notify(force, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(force)
 	fmt.Fprintln(os.Stderr, "devkafka: stopping (signal again to force)")
+	reaper.Stop()
 	done := make(chan struct{})
 	go func() {
 		c.Close()

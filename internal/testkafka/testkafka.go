@@ -11,6 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemkit/idem/internal/kfakereap"
 )
 
 // Cluster is one test's broker.
@@ -29,6 +31,14 @@ func New(t testing.TB, opts ...kfake.Opt) *Cluster {
 		t.Fatalf("testkafka: start kfake: %v", err)
 	}
 	t.Cleanup(c.Close)
+	// Registered after c.Close, so run before it: kfake keeps a member that
+	// died while its JoinGroup waited, for ever; the reaper expires it at
+	// its session timeout, as Kafka does (see package kfakereap).
+	r, err := kfakereap.Start(c, 0, nil)
+	if err != nil {
+		t.Fatalf("testkafka: start the group reaper: %v", err)
+	}
+	t.Cleanup(r.Stop)
 	return &Cluster{Cluster: c, Addrs: c.ListenAddrs()}
 }
 
