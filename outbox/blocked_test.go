@@ -167,8 +167,24 @@ func TestClaimCostBoundedByBlockedBacklog(t *testing.T) {
 	}
 	// Buffers: an index descent (a few pages) per aggregate the skip scan
 	// passes (the failing heads' and the ready ones), and the ready
-	// events' locks, checks and runs.
-	if bound := int64(5*(aggs/2+ready) + 20*ready); buffers > bound {
+	// events' locks, checks and runs. That holds once VACUUM could remove
+	// the row versions the seeding's updates left behind: while another
+	// session of the shared server (a concurrent test package) holds an
+	// older snapshot, their index entries stay, and every scan visits
+	// them without returning them. The rows bound above holds either way
+	// and is what fails without the held index (over 100,000 rows).
+	var dead int64
+	if err := db.Pool.QueryRow(ctx, "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'outbox_event'::regclass").Scan(&dead); err != nil {
+		t.Fatal(err)
+	}
+	bound := int64(5*(aggs/2+ready) + 20*ready)
+	switch {
+	case dead > aggs:
+		// A few hundred remain on a quiet server (the last updates'
+		// versions, still visible to the vacuum's own horizon); tens of
+		// thousands mean another snapshot held them all.
+		t.Logf("buffer bound %d not checked: VACUUM left %d dead row versions (an older snapshot elsewhere on the server)", bound, dead)
+	case buffers > bound:
 		t.Errorf("claim touched %d buffers, want at most %d (blocked backlog %d)", buffers, bound, aggs*perAgg)
 	}
 }
