@@ -2,12 +2,11 @@ package outbox
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"os"
 	"time"
+
+	"github.com/idemkit/idem/internal/owner"
 )
 
 // Mode selects how the relay publishes.
@@ -166,13 +165,7 @@ func (c *RelayConfig) withDefaults() RelayConfig {
 		out.PurgeBatchSize = PurgeBatchSizeDefault
 	}
 	if out.Owner == "" {
-		host, _ := os.Hostname()
-		var b [3]byte
-		_, _ = crand.Read(b[:])
-		out.Owner = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
-		if len(out.Owner) > OwnerMaxLen {
-			out.Owner = out.Owner[len(out.Owner)-OwnerMaxLen:]
-		}
+		out.Owner = owner.Default(OwnerMaxLen)
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()

@@ -2,15 +2,13 @@ package wal
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"regexp"
 	"time"
 
+	"github.com/idemkit/idem/internal/owner"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -151,13 +149,7 @@ func (c *Config) withDefaults() Config {
 		out.LagWarnBytes = LagWarnBytesDefault
 	}
 	if out.Owner == "" {
-		host, _ := os.Hostname()
-		var b [3]byte
-		_, _ = crand.Read(b[:])
-		out.Owner = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
-		if len(out.Owner) > OwnerMaxLen {
-			out.Owner = out.Owner[len(out.Owner)-OwnerMaxLen:]
-		}
+		out.Owner = owner.Default(OwnerMaxLen)
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
