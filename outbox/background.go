@@ -54,15 +54,28 @@ func (r *Relay) listenOnce(ctx context.Context) (connected bool, err error) {
 		ListenerApplicationName(r.cfg.Owner)); err != nil {
 		return false, fmt.Errorf("outbox: listener: %w", err)
 	}
+	// The channel is the database's: relays of outbox tables in other
+	// schemas listen on it too. An enqueue's NOTIFY carries its table's
+	// oid; an empty payload (the insert trigger of migrations before 006)
+	// is anyone's.
+	oid, err := dbsqlc.New(conn).OutboxTableOID(ctx)
+	if err != nil {
+		return false, fmt.Errorf("outbox: listener: %w", err)
+	}
 	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
 		return false, fmt.Errorf("outbox: listen: %w", err)
 	}
+	r.listening.Store(true)
+	defer r.listening.Store(false)
 	r.wakeUp()
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
 			return true, fmt.Errorf("outbox: wait for notification: %w", err)
 		}
-		r.wakeUp()
+		if n.Payload == oid || n.Payload == "" {
+			r.wakeUp()
+		}
 	}
 }
 

@@ -1,6 +1,18 @@
 package outbox
 
-import "github.com/idemkit/idem/outbox/internal/dbsqlc"
+import (
+	"context"
+
+	"github.com/idemkit/idem/outbox/internal/dbsqlc"
+)
 
 // ClaimLockedSQL is the at-least-once claim ($1, $2: the cursor aggregate type and id; $3: the batch size).
 const ClaimLockedSQL = dbsqlc.ClaimLockedSQL
+
+// ArmDoorbell and DisarmDoorbell run the relay's doorbell statements on db.
+func ArmDoorbell(ctx context.Context, db dbsqlc.DBTX) (string, error) {
+	return dbsqlc.New(db).ArmDoorbell(ctx)
+}
+func DisarmDoorbell(ctx context.Context, db dbsqlc.DBTX) error {
+	return dbsqlc.New(db).DisarmDoorbell(ctx)
+}

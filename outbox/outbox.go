@@ -96,7 +96,10 @@ func NewEventID() string {
 //
 // Atomicity: the events are part of tx. Nothing is visible to a relay, or
 // published, unless tx commits; a rollback leaves no trace, not even a gap
-// in the aggregate sequence. Relays are woken by a NOTIFY sent at commit.
+// in the aggregate sequence. A sleeping relay is woken by a NOTIFY sent at
+// commit; while every relay is busy the enqueue sends none (a NOTIFY
+// serializes the server's notifying commits), and the relays' next claim
+// finds the events.
 //
 // Ordering: each event gets the next sequence number of its aggregate. The
 // aggregate's counter row stays locked until tx ends, so a concurrent
@@ -172,7 +175,17 @@ func enqueue(ctx context.Context, db DBTX, msgs []Message) ([]string, error) {
 		p.Topics[i], p.AggregateTypes[i], p.AggregateIds[i] = m.Topic, m.AggregateType, m.AggregateID
 		p.EventIds[i], p.EventTypes[i], p.Payloads[i], p.Headers[i] = m.EventID, m.EventType, payload, string(h)
 	}
-	if _, err := dbsqlc.New(db).Enqueue(ctx, p); err != nil {
+	q := dbsqlc.New(db)
+	var err error
+	if len(msgs) == 1 {
+		_, err = q.EnqueueOne(ctx, dbsqlc.EnqueueOneParams{
+			Topic: p.Topics[0], AggregateType: p.AggregateTypes[0], AggregateID: p.AggregateIds[0],
+			EventID: p.EventIds[0], EventType: p.EventTypes[0], Payload: p.Payloads[0], Headers: p.Headers[0],
+		})
+	} else {
+		_, err = q.Enqueue(ctx, p)
+	}
+	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "outbox_event_event_id_key" {
 			return nil, fmt.Errorf("%w: duplicate EventID: %v", ErrInvalidMessage, pgErr.Detail)

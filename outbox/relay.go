@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -42,6 +43,9 @@ type Relay struct {
 
 	wake chan struct{}
 	svc  startstop.Service
+	// listening is true while the LISTEN connection is up: only then is
+	// arming the doorbell worth anything.
+	listening atomic.Bool
 
 	// cursor is the aggregate the last claim ended at: the next claim
 	// looks at the aggregates after it first, then wraps around, so that
@@ -130,9 +134,21 @@ func (r *Relay) emit(ctx context.Context, e RelayEvent) context.Context {
 // loop runs batches until ctx (the run's) ends. The end is checked only
 // between batches: a batch that has begun runs to its end on its own
 // context.
+//
+// Between batches it follows the doorbell protocol (see doorbell.go): a
+// full batch is followed by the next at once; after a short one the relay
+// arms the doorbell, takes a last look (one more batch: whatever committed
+// before the arm), and sleeps until a NOTIFY, a wake-up or PollInterval,
+// disarming when it wakes. When enqueues are in flight the arm fails
+// ('busy') and the relay polls again after a short, growing delay instead;
+// when another relay is armed it sleeps, since that relay's NOTIFY wakes
+// every listener.
 func (r *Relay) loop(ctx context.Context) {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
+	var bell doorbell
+	defer bell.close(ctx)
+	armed, busy := false, 0
 	for {
 		if ctx.Err() != nil {
 			return
@@ -141,10 +157,28 @@ func (r *Relay) loop(ctx context.Context) {
 		if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, context.Canceled) {
 			r.log.WarnContext(ctx, "outbox relay batch", "error", err, "owner", r.cfg.Owner)
 		}
+		if armed && (n > 0 || err != nil) {
+			bell.disarm(ctx)
+			armed = false
+		}
+		if n > 0 {
+			busy = 0
+		}
 		if err == nil && n == r.cfg.BatchSize {
 			continue // likely more behind it
 		}
-		poll.Reset(r.cfg.PollInterval)
+		wait := r.cfg.PollInterval
+		if !armed && err == nil && !r.cfg.DisableNotify && r.listening.Load() {
+			switch bell.arm(ctx, r) {
+			case bellArmed:
+				armed = true
+				continue // the last look
+			case bellBusy:
+				wait = min(wait, busyPoll.Delay(busy))
+				busy++
+			}
+		}
+		poll.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return
@@ -156,6 +190,10 @@ func (r *Relay) loop(ctx context.Context) {
 			case <-poll.C:
 			default:
 			}
+		}
+		if armed {
+			bell.disarm(ctx)
+			armed = false
 		}
 	}
 }
@@ -197,9 +235,19 @@ type result struct {
 	err     error
 }
 
+// beginClaim opens a claim's transaction with JIT compilation off. The
+// claim's plan is estimated dear enough (a recursive CTE, a window, many
+// index loops) to cross jit_above_cost on a default server, and LLVM then
+// compiles it afresh at every execution: measured on PostgreSQL 15 with
+// 100,000 events of one aggregate, 866 ms per claim with JIT, 5.7 ms
+// without (TestClaimRunsWithoutJIT). The claim reads at most a few
+// thousand rows by index, where compiled expressions gain nothing. One
+// simple-protocol round trip, like BEGIN alone.
+const beginClaim = "BEGIN; SET LOCAL jit = off"
+
 func (r *Relay) batchAtLeastOnce(ctx context.Context) (b result) {
 	t0 := time.Now()
-	tx, err := r.pool.Begin(ctx)
+	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginClaim})
 	if err != nil {
 		b.err = fmt.Errorf("outbox: begin: %w", err)
 		return b
@@ -402,7 +450,7 @@ func (r *Relay) batchTwoPhase(ctx context.Context) (b result) {
 func (r *Relay) claimLease(ctx context.Context, token int64) ([]dbsqlc.ClaimLeaseRow, error) {
 	// One round trip for both: BeginQuery goes out as a simple-protocol
 	// query.
-	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL synchronous_commit = off"})
+	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginClaim + "; SET LOCAL synchronous_commit = off"})
 	if err != nil {
 		return nil, err
 	}

@@ -9,9 +9,14 @@
 -- also says whether the aggregate is blocked (a failed event waits): the
 -- upsert returns its latest version, read under the lock, so a new event
 -- of a blocked aggregate is written held, and one written after the
--- release is not (see BlockAggregates).
+-- release is not (see BlockAggregates). The bell CTE is the doorbell (see
+-- EnqueueOne).
 -- name: Enqueue :many
-WITH input AS (
+WITH bell AS (
+    SELECT CASE WHEN pg_try_advisory_xact_lock_shared(1768189184, 'outbox_event'::regclass::oid::int) THEN false
+                ELSE EXISTS (SELECT FROM pg_notify('idem_outbox', 'outbox_event'::regclass::oid::text)) END AS rang
+),
+input AS (
     SELECT t.*, row_number() OVER () AS ord
     FROM (
         SELECT unnest(sqlc.arg(topics)::text[]) AS topic,
@@ -42,8 +47,68 @@ SELECT i.topic, i.aggregate_type, i.aggregate_id,
 FROM input i
 JOIN counts c ON c.aggregate_type = i.aggregate_type AND c.aggregate_id = i.aggregate_id
 JOIN bumped b ON b.aggregate_type = i.aggregate_type AND b.aggregate_id = i.aggregate_id
+CROSS JOIN bell
 ORDER BY i.ord
 RETURNING id, aggregate_seq;
+
+-- EnqueueOne is Enqueue of one message, without the arrays: the statement
+-- every business transaction that writes one event pays for.
+--
+-- The doorbell (bell): a relay about to sleep holds the session advisory
+-- lock (1768189184, this table's oid) exclusively and waits for a NOTIFY on
+-- idem_outbox (see the relay's doorbell). An enqueue tries the same lock
+-- shared, for the rest of its transaction:
+--  - it fails while a relay sleeps: the enqueue sends the NOTIFY, which
+--    PostgreSQL delivers at commit (and not at all on rollback); its
+--    payload is the table's oid, since the channel is the database's and
+--    relays of other schemas listen on it too;
+--  - it succeeds while every relay is awake, and the enqueue sends nothing:
+--    a NOTIFY serializes the commits of all notifying transactions of the
+--    server (PostgreSQL holds a database-wide lock from the notification's
+--    queueing to the end of the commit), which is most of what a notifying
+--    enqueue costs under load. The shared lock, held until commit, keeps
+--    relays from going to sleep (their exclusive try fails) until this
+--    transaction's events are visible to their last claim.
+-- So every committed event either rang or was committed before a relay's
+-- last claim before sleeping began; none waits for the poll interval.
+-- name: EnqueueOne :one
+WITH bell AS (
+    SELECT CASE WHEN pg_try_advisory_xact_lock_shared(1768189184, 'outbox_event'::regclass::oid::int) THEN false
+                ELSE EXISTS (SELECT FROM pg_notify('idem_outbox', 'outbox_event'::regclass::oid::text)) END AS rang
+),
+bumped AS (
+    INSERT INTO outbox_aggregate AS a (aggregate_type, aggregate_id, last_seq)
+    VALUES (sqlc.arg(aggregate_type)::text, sqlc.arg(aggregate_id)::text, 1)
+    ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = a.last_seq + 1
+    RETURNING a.last_seq, a.blocked
+)
+INSERT INTO outbox_event (topic, aggregate_type, aggregate_id, aggregate_seq, event_id, event_type, payload, headers, held)
+SELECT sqlc.arg(topic)::text, sqlc.arg(aggregate_type)::text, sqlc.arg(aggregate_id)::text, b.last_seq,
+       sqlc.arg(event_id)::text, sqlc.arg(event_type)::text, sqlc.arg(payload)::bytea, sqlc.arg(headers)::text::jsonb, b.blocked
+FROM bumped b
+CROSS JOIN bell
+RETURNING id, aggregate_seq;
+
+-- The relay's side of the doorbell, on a session of its own. ArmDoorbell
+-- first takes the relays' lock (1768189185): one armed relay is enough,
+-- since the NOTIFY wakes every listener, so a relay that finds another one
+-- armed ('other') may sleep. Then the enqueuers' lock, exclusively: it
+-- fails while an enqueue that rang no bell is uncommitted ('busy': the
+-- relay lets the first go and polls again soon). CASE tries its branches in
+-- order and stops at the first that holds, so each lock is tried only
+-- after the one before it was granted.
+-- name: ArmDoorbell :one
+SELECT (CASE
+    WHEN NOT pg_try_advisory_lock(1768189185, 'outbox_event'::regclass::oid::int) THEN 'other'
+    WHEN pg_try_advisory_lock(1768189184, 'outbox_event'::regclass::oid::int) THEN 'armed'
+    WHEN pg_advisory_unlock(1768189185, 'outbox_event'::regclass::oid::int) THEN 'busy'
+    ELSE 'busy'
+END)::text AS state;
+
+-- DisarmDoorbell lets both locks go; only an armed relay runs it.
+-- name: DisarmDoorbell :exec
+SELECT pg_advisory_unlock(1768189184, 'outbox_event'::regclass::oid::int),
+       pg_advisory_unlock(1768189185, 'outbox_event'::regclass::oid::int);
 
 -- ClaimLocked is the at-least-once claim: it locks the batch inside the
 -- caller transaction and changes nothing.
@@ -565,3 +630,6 @@ WHERE a.blocked
 ORDER BY a.aggregate_type, a.aggregate_id
 LIMIT sqlc.arg(max_rows)::int
 FOR UPDATE OF a SKIP LOCKED;
+
+-- name: OutboxTableOID :one
+SELECT 'outbox_event'::regclass::oid::text AS oid;

@@ -11,6 +11,30 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const armDoorbell = `-- name: ArmDoorbell :one
+SELECT (CASE
+    WHEN NOT pg_try_advisory_lock(1768189185, 'outbox_event'::regclass::oid::int) THEN 'other'
+    WHEN pg_try_advisory_lock(1768189184, 'outbox_event'::regclass::oid::int) THEN 'armed'
+    WHEN pg_advisory_unlock(1768189185, 'outbox_event'::regclass::oid::int) THEN 'busy'
+    ELSE 'busy'
+END)::text AS state
+`
+
+// The relay's side of the doorbell, on a session of its own. ArmDoorbell
+// first takes the relays' lock (1768189185): one armed relay is enough,
+// since the NOTIFY wakes every listener, so a relay that finds another one
+// armed ('other') may sleep. Then the enqueuers' lock, exclusively: it
+// fails while an enqueue that rang no bell is uncommitted ('busy': the
+// relay lets the first go and polls again soon). CASE tries its branches in
+// order and stops at the first that holds, so each lock is tried only
+// after the one before it was granted.
+func (q *Queries) ArmDoorbell(ctx context.Context) (string, error) {
+	row := q.db.QueryRow(ctx, armDoorbell)
+	var state string
+	err := row.Scan(&state)
+	return state, err
+}
+
 const blockAggregates = `-- name: BlockAggregates :exec
 WITH u AS (
     SELECT unnest($1::text[]) AS t, unnest($2::text[]) AS i,
@@ -499,6 +523,17 @@ func (q *Queries) DeadEvents(ctx context.Context, maxRows int32) ([]DeadEventsRo
 	return items, nil
 }
 
+const disarmDoorbell = `-- name: DisarmDoorbell :exec
+SELECT pg_advisory_unlock(1768189184, 'outbox_event'::regclass::oid::int),
+       pg_advisory_unlock(1768189185, 'outbox_event'::regclass::oid::int)
+`
+
+// DisarmDoorbell lets both locks go; only an armed relay runs it.
+func (q *Queries) DisarmDoorbell(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, disarmDoorbell)
+	return err
+}
+
 const discard = `-- name: Discard :many
 UPDATE outbox_event
 SET status = 'DISCARDED', held = true,
@@ -552,7 +587,11 @@ func (q *Queries) Discard(ctx context.Context, arg DiscardParams) ([]DiscardRow,
 }
 
 const enqueue = `-- name: Enqueue :many
-WITH input AS (
+WITH bell AS (
+    SELECT CASE WHEN pg_try_advisory_xact_lock_shared(1768189184, 'outbox_event'::regclass::oid::int) THEN false
+                ELSE EXISTS (SELECT FROM pg_notify('idem_outbox', 'outbox_event'::regclass::oid::text)) END AS rang
+),
+input AS (
     SELECT t.topic, t.aggregate_type, t.aggregate_id, t.event_id, t.event_type, t.payload, t.headers, row_number() OVER () AS ord
     FROM (
         SELECT unnest($1::text[]) AS topic,
@@ -583,6 +622,7 @@ SELECT i.topic, i.aggregate_type, i.aggregate_id,
 FROM input i
 JOIN counts c ON c.aggregate_type = i.aggregate_type AND c.aggregate_id = i.aggregate_id
 JOIN bumped b ON b.aggregate_type = i.aggregate_type AND b.aggregate_id = i.aggregate_id
+CROSS JOIN bell
 ORDER BY i.ord
 RETURNING id, aggregate_seq
 `
@@ -613,7 +653,8 @@ type EnqueueRow struct {
 // also says whether the aggregate is blocked (a failed event waits): the
 // upsert returns its latest version, read under the lock, so a new event
 // of a blocked aggregate is written held, and one written after the
-// release is not (see BlockAggregates).
+// release is not (see BlockAggregates). The bell CTE is the doorbell (see
+// EnqueueOne).
 func (q *Queries) Enqueue(ctx context.Context, arg EnqueueParams) ([]EnqueueRow, error) {
 	rows, err := q.db.Query(ctx, enqueue,
 		arg.Topics,
@@ -640,6 +681,76 @@ func (q *Queries) Enqueue(ctx context.Context, arg EnqueueParams) ([]EnqueueRow,
 		return nil, err
 	}
 	return items, nil
+}
+
+const enqueueOne = `-- name: EnqueueOne :one
+WITH bell AS (
+    SELECT CASE WHEN pg_try_advisory_xact_lock_shared(1768189184, 'outbox_event'::regclass::oid::int) THEN false
+                ELSE EXISTS (SELECT FROM pg_notify('idem_outbox', 'outbox_event'::regclass::oid::text)) END AS rang
+),
+bumped AS (
+    INSERT INTO outbox_aggregate AS a (aggregate_type, aggregate_id, last_seq)
+    VALUES ($2::text, $3::text, 1)
+    ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = a.last_seq + 1
+    RETURNING a.last_seq, a.blocked
+)
+INSERT INTO outbox_event (topic, aggregate_type, aggregate_id, aggregate_seq, event_id, event_type, payload, headers, held)
+SELECT $1::text, $2::text, $3::text, b.last_seq,
+       $4::text, $5::text, $6::bytea, $7::text::jsonb, b.blocked
+FROM bumped b
+CROSS JOIN bell
+RETURNING id, aggregate_seq
+`
+
+type EnqueueOneParams struct {
+	Topic         string
+	AggregateType string
+	AggregateID   string
+	EventID       string
+	EventType     string
+	Payload       []byte
+	Headers       string
+}
+
+type EnqueueOneRow struct {
+	ID           int64
+	AggregateSeq int64
+}
+
+// EnqueueOne is Enqueue of one message, without the arrays: the statement
+// every business transaction that writes one event pays for.
+//
+// The doorbell (bell): a relay about to sleep holds the session advisory
+// lock (1768189184, this table's oid) exclusively and waits for a NOTIFY on
+// idem_outbox (see the relay's doorbell). An enqueue tries the same lock
+// shared, for the rest of its transaction:
+//   - it fails while a relay sleeps: the enqueue sends the NOTIFY, which
+//     PostgreSQL delivers at commit (and not at all on rollback); its
+//     payload is the table's oid, since the channel is the database's and
+//     relays of other schemas listen on it too;
+//   - it succeeds while every relay is awake, and the enqueue sends nothing:
+//     a NOTIFY serializes the commits of all notifying transactions of the
+//     server (PostgreSQL holds a database-wide lock from the notification's
+//     queueing to the end of the commit), which is most of what a notifying
+//     enqueue costs under load. The shared lock, held until commit, keeps
+//     relays from going to sleep (their exclusive try fails) until this
+//     transaction's events are visible to their last claim.
+//
+// So every committed event either rang or was committed before a relay's
+// last claim before sleeping began; none waits for the poll interval.
+func (q *Queries) EnqueueOne(ctx context.Context, arg EnqueueOneParams) (EnqueueOneRow, error) {
+	row := q.db.QueryRow(ctx, enqueueOne,
+		arg.Topic,
+		arg.AggregateType,
+		arg.AggregateID,
+		arg.EventID,
+		arg.EventType,
+		arg.Payload,
+		arg.Headers,
+	)
+	var i EnqueueOneRow
+	err := row.Scan(&i.ID, &i.AggregateSeq)
+	return i, err
 }
 
 const eventStatus = `-- name: EventStatus :one
@@ -969,6 +1080,17 @@ func (q *Queries) OrphanBlocked(ctx context.Context, maxRows int32) ([]OrphanBlo
 		return nil, err
 	}
 	return items, nil
+}
+
+const outboxTableOID = `-- name: OutboxTableOID :one
+SELECT 'outbox_event'::regclass::oid::text AS oid
+`
+
+func (q *Queries) OutboxTableOID(ctx context.Context) (string, error) {
+	row := q.db.QueryRow(ctx, outboxTableOID)
+	var oid string
+	err := row.Scan(&oid)
+	return oid, err
 }
 
 const purgePublished = `-- name: PurgePublished :execrows

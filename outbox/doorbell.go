@@ -1,0 +1,106 @@
+package outbox
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/outbox/internal/dbsqlc"
+)
+
+// The doorbell decides when an enqueue sends the NOTIFY that wakes relays:
+// only while a relay sleeps. The enqueue's side is in its statement
+// (EnqueueOne's comment in the queries explains the locks and why every
+// committed event is either rung for or seen by a relay's last claim); the
+// relay's side is here. A NOTIFY per enqueuing transaction, the way the
+// first outbox sent it, made PostgreSQL serialize every such commit of the
+// server: the outbox then cost a business transaction 0.30 of its
+// throughput, and a relay that is busy needs no wake-up at all.
+
+// Arm outcomes (ArmDoorbell's state).
+const (
+	bellArmed  = "armed" // this relay holds both locks: enqueues ring
+	bellBusy   = "busy"  // an enqueue that rang nothing is uncommitted
+	bellOther  = "other" // another relay is armed: its NOTIFY wakes this one too
+	bellFailed = ""      // the doorbell's connection failed: poll
+)
+
+// busyPoll spaces the polls of a relay that could not arm because enqueues
+// were in flight: traffic, so the next claim will likely find it.
+var busyPoll = busyPolicy{min: time.Millisecond, max: 64 * time.Millisecond}
+
+// busyPolicy doubles from min to max, without jitter: the relay is alone
+// with this delay (no herd to spread), and the delay bounds latency.
+type busyPolicy struct{ min, max time.Duration }
+
+func (p busyPolicy) Delay(n int) time.Duration {
+	d := p.min
+	for range n {
+		if d >= p.max {
+			return p.max
+		}
+		d *= 2
+	}
+	return min(d, p.max)
+}
+
+// doorbell is the relay loop's session for the doorbell locks: session
+// advisory locks, so a connection of their own, taken from the pool and
+// never returned to it (like the listener's). Only the loop goroutine uses
+// it. A failed statement closes the connection, which drops whatever lock
+// it held; the next arm opens another.
+type doorbell struct {
+	conn *pgx.Conn
+	q    *dbsqlc.Queries
+}
+
+// DoorbellApplicationName is the application_name of a relay's doorbell
+// connection (see ListenerApplicationName).
+func DoorbellApplicationName(owner string) string { return "idem-outbox-doorbell " + owner }
+
+func (b *doorbell) arm(ctx context.Context, r *Relay) string {
+	if b.conn == nil {
+		pc, err := r.pool.Acquire(ctx)
+		if err != nil {
+			return bellFailed
+		}
+		b.conn = pc.Hijack()
+		b.q = dbsqlc.New(b.conn)
+		if _, err := b.conn.Exec(ctx, "SELECT set_config('application_name', $1, false)",
+			DoorbellApplicationName(r.cfg.Owner)); err != nil {
+			b.close(ctx)
+			return bellFailed
+		}
+	}
+	state, err := b.q.ArmDoorbell(ctx)
+	if err != nil {
+		b.close(ctx)
+		return bellFailed
+	}
+	return state
+}
+
+// disarm runs even when ctx has ended (the loop disarms on its way out
+// too), bounded by disarmTimeout; a failure closes the connection, which
+// lets the locks go as well.
+func (b *doorbell) disarm(ctx context.Context) {
+	if b.conn == nil {
+		return
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), disarmTimeout)
+	defer cancel()
+	if err := b.q.DisarmDoorbell(dctx); err != nil {
+		b.close(ctx)
+	}
+}
+
+const disarmTimeout = 5 * time.Second
+
+func (b *doorbell) close(ctx context.Context) {
+	if b.conn == nil {
+		return
+	}
+	_ = b.conn.Close(context.WithoutCancel(ctx))
+	b.conn, b.q = nil, nil
+}

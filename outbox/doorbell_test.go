@@ -1,0 +1,229 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/outbox"
+)
+
+// conn opens a session of its own on db (the doorbell's locks are the
+// session's).
+func conn(t *testing.T, db *testdb.DB) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(context.Background(), db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+// The arm's three outcomes, each for its reason: armed when nobody else
+// is; other while another relay is armed; busy while an enqueue that rang
+// no bell is uncommitted, and armed once it has committed.
+func TestDoorbellArmStates(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	a, b := conn(t, db), conn(t, db)
+	arm := func(c *pgx.Conn, want string) {
+		t.Helper()
+		got, err := outbox.ArmDoorbell(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Fatalf("arm = %q, want %q", got, want)
+		}
+	}
+	arm(a, "armed")
+	arm(b, "other")
+	if err := outbox.DisarmDoorbell(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := outbox.EnqueueTx(ctx, tx, msg("x", 1)); err != nil {
+		t.Fatal(err)
+	}
+	arm(b, "busy")
+	arm(a, "busy") // busy let the relays' lock go again: a gets as far as b
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	arm(b, "armed")
+}
+
+// An enqueue rings (sends the NOTIFY) exactly when a relay is armed, one
+// event or many. A listener proves it without a timeout: after each
+// enqueue a marker NOTIFY is sent, and notifications arrive in commit
+// order, so the enqueue rang iff something arrives before the marker.
+func TestEnqueueRingsOnlyWhileARelayIsArmed(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	listener, relay := conn(t, db), conn(t, db)
+	if _, err := listener.Exec(ctx, "LISTEN "+outbox.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	// The channel is the database's: other tests' enqueues ring on it too,
+	// with their table's oid.
+	var oid string
+	if err := db.Pool.QueryRow(ctx, "SELECT 'outbox_event'::regclass::oid::text").Scan(&oid); err != nil {
+		t.Fatal(err)
+	}
+	next := func(ctx context.Context) string {
+		t.Helper()
+		for {
+			n, err := listener.WaitForNotification(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n.Payload == oid || n.Payload == "marker "+oid {
+				return n.Payload
+			}
+		}
+	}
+	rang := func(msgs ...outbox.Message) bool {
+		t.Helper()
+		enqueue(t, db.Pool, msgs...)
+		if _, err := db.Pool.Exec(ctx, "SELECT pg_notify($1, 'marker ' || $2)", outbox.NotifyChannel, oid); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if next(wctx) != oid {
+			return false
+		}
+		if m := next(wctx); m != "marker "+oid {
+			t.Fatalf("after the enqueue's NOTIFY: %q; want the marker", m)
+		}
+		return true
+	}
+	if rang(msg("a", 1)) || rang(msg("b", 1), msg("c", 1)) {
+		t.Fatal("an enqueue rang with no relay armed")
+	}
+	if st, err := outbox.ArmDoorbell(ctx, relay); err != nil || st != "armed" {
+		t.Fatalf("arm: %q, %v", st, err)
+	}
+	if !rang(msg("a", 2)) || !rang(msg("b", 2), msg("c", 2)) {
+		t.Fatal("an enqueue did not ring with a relay armed")
+	}
+	if err := outbox.DisarmDoorbell(ctx, relay); err != nil {
+		t.Fatal(err)
+	}
+	if rang(msg("a", 3)) {
+		t.Fatal("an enqueue rang after the relay disarmed")
+	}
+}
+
+// No event waits for the poll interval: with PollInterval an hour, two
+// relays and enqueuers committing at random moments (some keeping their
+// transaction open a while after the enqueue, some in bursts, some after
+// a pause long enough for both relays to fall asleep), every event is
+// delivered. An event committed in the gap between a relay's last claim
+// and its sleep, without a NOTIFY, would wait the hour and fail the test.
+func TestDoorbellStrandsNoEvent(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, testdb.MaxConns(20))
+	ctx := context.Background()
+	rec := newRecorder()
+	for i := range 2 {
+		r := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: fmt.Sprintf("bell-%d", i)})
+		if err := r.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const writers, each = 6, 40
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rnd := rand.New(rand.NewPCG(uint64(w), 7))
+			for i := range each {
+				if rnd.IntN(8) == 0 {
+					time.Sleep(time.Duration(rnd.IntN(40)) * time.Millisecond) // both relays asleep
+				}
+				err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+					if _, err := outbox.EnqueueTx(ctx, tx, msg(fmt.Sprintf("w%d", w), i)); err != nil {
+						return err
+					}
+					if rnd.IntN(3) == 0 {
+						time.Sleep(time.Duration(rnd.IntN(3000)) * time.Microsecond) // open after the enqueue
+					}
+					return nil
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	eventually(t, "every event delivered", func() bool { return len(rec.deliveredIDs()) >= writers*each })
+	got := rec.deliveredIDs()
+	for w := range writers {
+		for i := range each {
+			if id := fmt.Sprintf("w%d-%d", w, i); !slices.Contains(got, id) {
+				t.Fatalf("%s not delivered", id)
+			}
+		}
+	}
+}
+
+// The last look: an event committed after a relay's claim came back empty
+// and before the relay armed the doorbell rang nothing (nobody was armed),
+// so only the claim the relay runs after arming can find it. Once the
+// listener is up, a bare NOTIFY makes the relay run an empty batch, and the
+// hook commits such an event at exactly that moment (the end of that
+// batch, before the arm); with PollInterval an hour the event is delivered
+// only if that claim runs.
+func TestDoorbellLastLookFindsTheEventBeforeTheArm(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	rec := newRecorder()
+	owner := fmt.Sprintf("last-look-%d", time.Now().UnixNano()%1e9)
+	var armedHook atomic.Bool
+	var once sync.Once
+	hook := func(ctx context.Context, e outbox.RelayEvent) context.Context {
+		if armedHook.Load() && e.Kind == outbox.RelayBatchDone && e.Count == 0 && e.Err == nil {
+			once.Do(func() { // the relay's goroutine: t.Error, not t.Fatal
+				if _, err := outbox.Enqueue(context.WithoutCancel(ctx), db.Pool, msg("late", 1)); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		return ctx
+	}
+	r := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: owner, Hook: hook})
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "listener", func() bool {
+		var n int
+		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND query LIKE 'LISTEN%'`, outbox.ListenerApplicationName(owner)).Scan(&n)
+		return n == 1
+	})
+	armedHook.Store(true)
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_notify($1, '')", outbox.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "late-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "late-1") })
+}
