@@ -90,7 +90,8 @@ const sweepMaxRows = 1000
 // many aggregates it released.
 func (r *Relay) sweep(ctx context.Context) (int, error) {
 	var n int
-	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+	// beginClaim: OrphanBlocked's plan is as dear as a claim's.
+	err := pgx.BeginTxFunc(ctx, r.pool, pgx.TxOptions{BeginQuery: beginClaim}, func(tx pgx.Tx) error {
 		q := r.q.WithTx(tx)
 		rows, err := q.OrphanBlocked(ctx, sweepMaxRows) // locks them
 		if err != nil || len(rows) == 0 {

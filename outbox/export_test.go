@@ -16,3 +16,6 @@ func ArmDoorbell(ctx context.Context, db dbsqlc.DBTX) (string, error) {
 func DisarmDoorbell(ctx context.Context, db dbsqlc.DBTX) error {
 	return dbsqlc.New(db).DisarmDoorbell(ctx)
 }
+
+// BeginClaim is the statement that opens a claim's transaction.
+const BeginClaim = beginClaim
