@@ -97,6 +97,19 @@ func (b *doorbell) disarm(ctx context.Context) {
 
 const disarmTimeout = 5 * time.Second
 
+// leave ends the doorbell when the loop returns. A relay that leaves armed
+// first rings the bell itself: relays that went to sleep because this one
+// was armed ('other') would otherwise sleep through events committed
+// after it left (nobody armed, nobody rings) until their PollInterval.
+func (b *doorbell) leave(ctx context.Context, armed bool) {
+	if armed && b.conn != nil {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), disarmTimeout)
+		_ = b.q.RingDoorbell(dctx)
+		cancel()
+	}
+	b.close(ctx)
+}
+
 func (b *doorbell) close(ctx context.Context) {
 	if b.conn == nil {
 		return

@@ -198,7 +198,7 @@ func TestDoorbellLastLookFindsTheEventBeforeTheArm(t *testing.T) {
 	db := testdb.New(t)
 	ctx := context.Background()
 	rec := newRecorder()
-	owner := fmt.Sprintf("last-look-%d", time.Now().UnixNano()%1e9)
+	owner := uniqueOwner("last-look")
 	var armedHook atomic.Bool
 	var once sync.Once
 	hook := func(ctx context.Context, e outbox.RelayEvent) context.Context {
@@ -226,4 +226,94 @@ func TestDoorbellLastLookFindsTheEventBeforeTheArm(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "late-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "late-1") })
+}
+
+// A relay that finds another one armed still takes a last look before it
+// sleeps. The armed relay's own last look can have found an aggregate
+// locked by this relay's batch; the events committed behind it during
+// that batch rang no bell (nobody was armed then) and would wait for the
+// poll interval. Here: relay 1, armed and asleep, is rung awake by x-1 and
+// holds it in its publish while x-2 commits; relay 2 arms and sleeps (x-2
+// is behind a locked head); relay 1 finishes, finds relay 2 armed, and
+// must take x-2 itself.
+func TestDoorbellOtherArmedStillLooks(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	slow := newRecorder()
+	slow.entered = make(chan []outbox.Event, 1)
+	slow.release = make(chan struct{})
+	fast := newRecorder()
+	armedBy := armedBy(t, db)
+	o1, o2 := uniqueOwner("r1"), uniqueOwner("r2")
+	r1 := newRelay(t, db, slow, outbox.RelayConfig{PollInterval: time.Hour, Owner: o1})
+	if err := r1.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "relay 1 armed", armedBy(o1))
+	enqueue(t, db.Pool, msg("x", 1)) // rings relay 1 awake
+	<-slow.entered                   // relay 1 holds x-1
+	enqueue(t, db.Pool, msg("x", 2)) // nobody armed: no bell
+	r2 := newRelay(t, db, fast, outbox.RelayConfig{PollInterval: time.Hour, Owner: o2})
+	if err := r2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "relay 2 armed", armedBy(o2))
+	close(slow.release)
+	eventually(t, "x-2 delivered", func() bool {
+		return slices.Contains(slow.deliveredIDs(), "x-2") || slices.Contains(fast.deliveredIDs(), "x-2")
+	})
+}
+
+// uniqueOwner names a relay for this run only: tests in other schemas of
+// the database run at the same time, and pg_stat_activity is the server's.
+func uniqueOwner(prefix string) string { return fmt.Sprintf("%s-%d", prefix, rand.Int64()) }
+
+// armedBy reports whether the relay of owner holds the doorbell armed.
+func armedBy(t *testing.T, db *testdb.DB) func(owner string) func() bool {
+	return func(owner string) func() bool {
+		return func() bool {
+			var n int
+			if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+				WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock'
+				  AND l.classid = 1768189184 AND l.objid = 'outbox_event'::regclass::oid
+				  AND a.application_name = $1`, outbox.DoorbellApplicationName(owner)).Scan(&n); err != nil {
+				t.Error(err)
+			}
+			return n == 1
+		}
+	}
+}
+
+// A relay that stops while armed rings the bell on its way out: relay 2,
+// asleep because relay 1 was armed, wakes, arms in its turn, and is rung
+// by the next enqueue.
+func TestDoorbellArmedRelayRingsWhenItStops(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	rec := newRecorder()
+	armedBy := armedBy(t, db)
+	o1, o2 := uniqueOwner("r1"), uniqueOwner("r2")
+	r1 := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: o1})
+	if err := r1.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "relay 1 armed", armedBy(o1))
+	r2 := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: o2})
+	if err := r2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "relay 2 listening", func() bool {
+		var n int
+		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND query LIKE 'LISTEN%'`, outbox.ListenerApplicationName(o2)).Scan(&n)
+		return n == 1
+	})
+	if err := r1.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "relay 2 armed", armedBy(o2))
+	enqueue(t, db.Pool, msg("y", 1))
+	eventually(t, "y-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "y-1") })
 }

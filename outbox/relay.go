@@ -135,20 +135,29 @@ func (r *Relay) emit(ctx context.Context, e RelayEvent) context.Context {
 // between batches: a batch that has begun runs to its end on its own
 // context.
 //
-// Between batches it follows the doorbell protocol (see doorbell.go): a
-// full batch is followed by the next at once; after a short one the relay
-// arms the doorbell, takes a last look (one more batch: whatever committed
-// before the arm), and sleeps until a NOTIFY, a wake-up or PollInterval,
-// disarming when it wakes. When enqueues are in flight the arm fails
-// ('busy') and the relay polls again after a short, growing delay instead;
-// when another relay is armed it sleeps, since that relay's NOTIFY wakes
-// every listener.
+// Between batches it follows the doorbell protocol (see doorbell.go). A
+// full batch is followed by the next at once. After a short one the relay
+// tries to arm the doorbell:
+//   - armed: it takes a last look (one more batch: whatever committed
+//     before the arm) and, if that finds nothing, sleeps until a NOTIFY, a
+//     wake-up or PollInterval, disarming when it wakes;
+//   - other (another relay is armed, and that relay's NOTIFY wakes this
+//     one too): it takes a last look as well, since the armed relay's own
+//     last look may have found this relay's aggregates locked by the batch
+//     just finished, and sleeps if it finds nothing;
+//   - busy (an enqueue that rang no bell is uncommitted): it polls again
+//     after a short, growing delay.
+//
+// So a relay sleeps only after a claim that found nothing and began after
+// it, or another relay, was armed; an event that claim could not take was
+// in another relay's batch, and that relay takes its own last look when
+// the batch ends.
 func (r *Relay) loop(ctx context.Context) {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	var bell doorbell
-	defer bell.close(ctx)
-	armed, busy := false, 0
+	armed, looked, busy := false, false, 0
+	defer func() { bell.leave(ctx, armed) }()
 	for {
 		if ctx.Err() != nil {
 			return
@@ -165,19 +174,27 @@ func (r *Relay) loop(ctx context.Context) {
 			busy = 0
 		}
 		if err == nil && n == r.cfg.BatchSize {
+			looked = false
 			continue // likely more behind it
 		}
 		wait := r.cfg.PollInterval
-		if !armed && err == nil && !r.cfg.DisableNotify && r.listening.Load() {
+		switch {
+		case err == nil && n == 0 && looked:
+			// The last look found nothing: sleep, armed or not.
+		case err == nil && !r.cfg.DisableNotify && r.listening.Load():
 			switch bell.arm(ctx, r) {
 			case bellArmed:
-				armed = true
-				continue // the last look
+				armed, looked = true, true
+				continue
+			case bellOther:
+				looked = true
+				continue
 			case bellBusy:
 				wait = min(wait, busyPoll.Delay(busy))
 				busy++
 			}
 		}
+		looked = false
 		poll.Reset(wait)
 		select {
 		case <-ctx.Done():

@@ -1,3 +1,4 @@
+DROP INDEX outbox_event_held_idx;
 CREATE FUNCTION outbox_event_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('idem_outbox', '');

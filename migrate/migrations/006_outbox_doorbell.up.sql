@@ -17,3 +17,17 @@
 -- woken by a NOTIFY and polls (PollInterval).
 DROP TRIGGER outbox_event_notify ON outbox_event;
 DROP FUNCTION outbox_event_notify();
+
+-- The claim's predecessor check (package outbox, ClaimLocked's comment):
+-- an unpublished predecessor that is not held is in the claim's window
+-- (ids follow sequences within an aggregate), so the check compares the
+-- window's rows with each other and probes the table only for held ones,
+-- through this index of unpublished held rows: the events waiting behind
+-- a failed one, DEAD and DISCARDED events. It is empty while nothing
+-- fails, so the enqueue path never writes to it, and a probe costs one
+-- descent into a small index instead of one into every event's (aggregate,
+-- sequence) entry and a heap visit. Its predicate names no status: a
+-- column in an index predicate counts as indexed, and an update of status
+-- (the two-phase claim, a mark) would no longer be a HOT update.
+CREATE INDEX outbox_event_held_idx ON outbox_event (aggregate_type, aggregate_id, aggregate_seq)
+    WHERE held AND published_at IS NULL;

@@ -105,6 +105,11 @@ SELECT (CASE
     ELSE 'busy'
 END)::text AS state;
 
+-- RingDoorbell wakes the other relays: an armed relay that stops sends it,
+-- since relays asleep behind its arm would otherwise wait for their poll.
+-- name: RingDoorbell :exec
+SELECT pg_notify('idem_outbox', 'outbox_event'::regclass::oid::text);
+
 -- DisarmDoorbell lets both locks go; only an armed relay runs it.
 -- name: DisarmDoorbell :exec
 SELECT pg_advisory_unlock(1768189184, 'outbox_event'::regclass::oid::int),
@@ -185,39 +190,48 @@ firsts AS (
     UNION ALL
     SELECT * FROM up_to_cursor
 ),
+win AS MATERIALIZED (
+    SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
+    FROM outbox_event w
+    WHERE w.published_at IS NULL AND NOT w.held
+    ORDER BY w.id
+    LIMIT sqlc.arg(batch_size)::int
+),
 by_id AS (
-    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
+    SELECT o.id, o.topic, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_id, o.event_type,
+           o.payload, o.headers, o.attempts, o.created_at, false AS rotated
     FROM outbox_event o
-    WHERE o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
-      -- The window's end. available_at keeps it a plain index scan: an
-      -- index-only scan would not mark the entries of rows published
-      -- since the last vacuum as dead, and would visit them all again in
-      -- every claim.
-      AND o.id <= coalesce((SELECT w.id FROM outbox_event w
-                            WHERE w.published_at IS NULL AND NOT w.held AND w.available_at IS NOT NULL
-                            ORDER BY w.id OFFSET sqlc.arg(batch_size)::int - 1 LIMIT 1), 9223372036854775807)
-      AND NOT EXISTS (
-          SELECT 1 FROM outbox_event p
-          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status NOT IN ('PUBLISHED', 'DISCARDED'))
+    WHERE o.id IN (
+        SELECT c.id FROM win c
+        WHERE c.status = 'PENDING' AND c.available_at <= now()
+          AND (c.aggregate_type, c.aggregate_id, c.aggregate_seq) IN (
+              SELECT m.aggregate_type, m.aggregate_id, min(m.aggregate_seq) FROM win m GROUP BY 1, 2)
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_event p
+              WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
+                AND p.aggregate_seq = c.aggregate_seq - 1
+                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
+      AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF o SKIP LOCKED
 ),
 by_aggregate AS (
     -- LATERAL keeps it a loop over the candidates in scan order, which
     -- stops at the batch's size (a join could hash them all first).
-    SELECT h.id, h.aggregate_type, h.aggregate_id, h.aggregate_seq, true AS rotated
+    SELECT h.*, true AS rotated
     FROM firsts f
     CROSS JOIN LATERAL (
-        SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
+        SELECT o.id, o.topic, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_id, o.event_type,
+               o.payload, o.headers, o.attempts, o.created_at
         FROM outbox_event o
         WHERE o.id = f.id
           AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
           AND NOT EXISTS (
               SELECT 1 FROM outbox_event p
               WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status NOT IN ('PUBLISHED', 'DISCARDED'))
+                AND p.aggregate_seq = o.aggregate_seq - 1
+                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
         FOR UPDATE OF o SKIP LOCKED
     ) h
     WHERE f.status = 'PENDING' AND f.available_at <= now()
@@ -234,12 +248,14 @@ per_head AS (
     SELECT ((sqlc.arg(batch_size)::int - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1))::int AS n FROM heads
 ),
 run AS (
-    SELECT r.id,
+    SELECT r.id, r.topic, r.aggregate_type, r.aggregate_id, r.aggregate_seq, r.event_id, r.event_type,
+           r.payload, r.headers, r.attempts, r.created_at,
            row_number() OVER w AS pos,
            bool_and(r.status = 'PENDING' AND r.available_at <= now()) OVER w AS ok
     FROM heads h
     CROSS JOIN LATERAL (
-        SELECT e.id, e.aggregate_seq, e.status, e.available_at
+        SELECT e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
+               e.payload, e.headers, e.attempts, e.created_at, e.status, e.available_at
         FROM outbox_event e
         WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id
           AND e.aggregate_seq > h.aggregate_seq
@@ -247,21 +263,19 @@ run AS (
         LIMIT (SELECT n FROM per_head)
     ) r
     WINDOW w AS (PARTITION BY h.id ORDER BY r.aggregate_seq)
-),
-claim AS (
-    SELECT c.id FROM (
-        SELECT heads.id, 0::bigint AS pos FROM heads
-        UNION ALL
-        SELECT run.id, run.pos FROM run WHERE run.ok
-    ) c
-    ORDER BY c.pos, c.id
-    LIMIT sqlc.arg(batch_size)::int
 )
-SELECT e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
-       e.payload, e.headers, e.attempts, e.created_at,
-       (e.id IN (SELECT heads.id FROM heads WHERE heads.rotated))::bool AS rotated
-FROM outbox_event e
-WHERE e.id IN (SELECT claim.id FROM claim);
+-- The rows come out of the scans whole: no second lookup by id.
+SELECT c.id, c.topic, c.aggregate_type, c.aggregate_id, c.aggregate_seq, c.event_id, c.event_type,
+       c.payload, c.headers, c.attempts, c.created_at, c.rotated::bool AS rotated
+FROM (
+    SELECT heads.*, 0::bigint AS pos FROM heads
+    UNION ALL
+    SELECT run.id, run.topic, run.aggregate_type, run.aggregate_id, run.aggregate_seq, run.event_id, run.event_type,
+           run.payload, run.headers, run.attempts, run.created_at, false, run.pos
+    FROM run WHERE run.ok
+) c
+ORDER BY c.pos, c.id
+LIMIT sqlc.arg(batch_size)::int;
 
 -- The selection below repeats ClaimLocked's on purpose: sqlc cannot share a
 -- CTE between queries, and moving it into a SQL function would change its
@@ -311,24 +325,30 @@ firsts AS (
     UNION ALL
     SELECT * FROM up_to_cursor
 ),
+win AS MATERIALIZED (
+    SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
+    FROM outbox_event w
+    WHERE w.published_at IS NULL AND NOT w.held
+    ORDER BY w.id
+    LIMIT sqlc.arg(batch_size)::int
+),
 by_id AS (
     SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
     FROM outbox_event o
-    WHERE o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
-      -- The window's end. available_at keeps it a plain index scan: an
-      -- index-only scan would not mark the entries of rows published
-      -- since the last vacuum as dead, and would visit them all again in
-      -- every claim.
-      AND o.id <= coalesce((SELECT w.id FROM outbox_event w
-                            WHERE w.published_at IS NULL AND NOT w.held AND w.available_at IS NOT NULL
-                            ORDER BY w.id OFFSET sqlc.arg(batch_size)::int - 1 LIMIT 1), 9223372036854775807)
-      AND NOT EXISTS (
-          SELECT 1 FROM outbox_event p
-          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status NOT IN ('PUBLISHED', 'DISCARDED'))
+    WHERE o.id IN (
+        SELECT c.id FROM win c
+        WHERE c.status = 'PENDING' AND c.available_at <= now()
+          AND (c.aggregate_type, c.aggregate_id, c.aggregate_seq) IN (
+              SELECT m.aggregate_type, m.aggregate_id, min(m.aggregate_seq) FROM win m GROUP BY 1, 2)
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_event p
+              WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
+                AND p.aggregate_seq = c.aggregate_seq - 1
+                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
+      AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF o SKIP LOCKED
 ),
 by_aggregate AS (
     -- LATERAL keeps it a loop over the candidates in scan order, which
@@ -343,7 +363,8 @@ by_aggregate AS (
           AND NOT EXISTS (
               SELECT 1 FROM outbox_event p
               WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-                AND p.aggregate_seq = o.aggregate_seq - 1 AND p.status NOT IN ('PUBLISHED', 'DISCARDED'))
+                AND p.aggregate_seq = o.aggregate_seq - 1
+                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
         FOR UPDATE OF o SKIP LOCKED
     ) h
     WHERE f.status = 'PENDING' AND f.available_at <= now()
