@@ -195,7 +195,7 @@ win AS MATERIALIZED (
     FROM outbox_event w
     WHERE w.published_at IS NULL AND NOT w.held
     ORDER BY w.id
-    LIMIT sqlc.arg(batch_size)::int
+    LIMIT sqlc.arg(window_size)::int
 ),
 by_id AS (
     SELECT o.id, o.topic, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_id, o.event_type,
@@ -330,7 +330,7 @@ win AS MATERIALIZED (
     FROM outbox_event w
     WHERE w.published_at IS NULL AND NOT w.held
     ORDER BY w.id
-    LIMIT sqlc.arg(batch_size)::int
+    LIMIT sqlc.arg(window_size)::int
 ),
 by_id AS (
     SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated

@@ -133,7 +133,7 @@ by_id AS (
                 AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
       AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
     ORDER BY o.id
-    LIMIT $5::int
+    LIMIT $6::int
     FOR UPDATE OF o SKIP LOCKED
 ),
 by_aggregate AS (
@@ -161,10 +161,10 @@ heads AS (
     SELECT id, aggregate_type, aggregate_id, aggregate_seq, rotated FROM by_id
     UNION ALL
     SELECT id, aggregate_type, aggregate_id, aggregate_seq, rotated FROM by_aggregate
-    LIMIT $5::int
+    LIMIT $6::int
 ),
 per_head AS (
-    SELECT (($5::int - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1))::int AS n FROM heads
+    SELECT (($6::int - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1))::int AS n FROM heads
 ),
 run AS (
     SELECT r.id,
@@ -188,7 +188,7 @@ claim AS (
         SELECT run.id, run.pos FROM run WHERE run.ok
     ) c
     ORDER BY c.pos, c.id
-    LIMIT $5::int
+    LIMIT $6::int
 )
 UPDATE outbox_event e
 SET status = 'PUBLISHING', lease_owner = $1::text, lease_token = $2::bigint,
@@ -204,6 +204,7 @@ type ClaimLeaseParams struct {
 	Token      int64
 	CursorType string
 	CursorID   string
+	WindowSize int32
 	BatchSize  int32
 }
 
@@ -237,6 +238,7 @@ func (q *Queries) ClaimLease(ctx context.Context, arg ClaimLeaseParams) ([]Claim
 		arg.Token,
 		arg.CursorType,
 		arg.CursorID,
+		arg.WindowSize,
 		arg.BatchSize,
 	)
 	if err != nil {
@@ -314,7 +316,7 @@ win AS MATERIALIZED (
     FROM outbox_event w
     WHERE w.published_at IS NULL AND NOT w.held
     ORDER BY w.id
-    LIMIT $1::int
+    LIMIT $4::int
 ),
 by_id AS (
     SELECT o.id, o.topic, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_id, o.event_type,
@@ -400,6 +402,7 @@ type ClaimLockedParams struct {
 	BatchSize  int32
 	CursorType string
 	CursorID   string
+	WindowSize int32
 }
 
 type ClaimLockedRow struct {
@@ -456,7 +459,12 @@ type ClaimLockedRow struct {
 // held: a stale held flag can delay an event, never reorder one.
 // The rows come out of the scans whole: no second lookup by id.
 func (q *Queries) ClaimLocked(ctx context.Context, arg ClaimLockedParams) ([]ClaimLockedRow, error) {
-	rows, err := q.db.Query(ctx, claimLocked, arg.BatchSize, arg.CursorType, arg.CursorID)
+	rows, err := q.db.Query(ctx, claimLocked,
+		arg.BatchSize,
+		arg.CursorType,
+		arg.CursorID,
+		arg.WindowSize,
+	)
 	if err != nil {
 		return nil, err
 	}
