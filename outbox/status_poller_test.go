@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemkit/idem/internal/testbin"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/lifecycle"
 	"github.com/idemkit/idem/outbox"
@@ -82,6 +82,27 @@ func newPoller(t *testing.T, db outbox.DBTX, cfg outbox.StatusPollerConfig) *out
 	return p
 }
 
+// heldPoller is a poller whose reads each wait, in the begin
+// hook, until release is closed or the read's ctx ends (a hard stop);
+// began is closed when the first read begins.
+func heldPoller(t *testing.T, db outbox.DBTX, logger *slog.Logger) (p *outbox.StatusPoller, ev pollerEvents, began, release chan struct{}) {
+	t.Helper()
+	ev, began, release = make(pollerEvents, 16), make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	p = newPoller(t, db, outbox.StatusPollerConfig{Interval: time.Hour, Logger: logger,
+		Hook: func(ctx context.Context, e outbox.StatusEvent) context.Context {
+			if e.Kind == outbox.StatusReadBegin {
+				once.Do(func() { close(began) })
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+			}
+			return ev.hook(ctx, e)
+		}})
+	return p, ev, began, release
+}
+
 func TestStatusPollerConfig(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
@@ -111,19 +132,7 @@ func TestStatusPollerLastBeforeFirstRead(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
 	enqueue(t, db.Pool, msg("a", 1), msg("b", 1))
-	began, release := make(chan struct{}), make(chan struct{})
-	ev := make(pollerEvents, 16)
-	p := newPoller(t, db.Pool, outbox.StatusPollerConfig{Interval: time.Hour,
-		Hook: func(ctx context.Context, e outbox.StatusEvent) context.Context {
-			if e.Kind == outbox.StatusReadBegin {
-				close(began)
-				select {
-				case <-release:
-				case <-ctx.Done(): // the cleanup's hard stop, after a failure
-				}
-			}
-			return ev.hook(ctx, e)
-		}})
+	p, ev, began, release := heldPoller(t, db.Pool, nil)
 	if st := p.Last(); st != nil {
 		t.Fatalf("Last before Start = %+v, want nil", st)
 	}
@@ -192,19 +201,7 @@ func TestStatusPollerStopFinishesRead(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
 	enqueue(t, db.Pool, msg("a", 1))
-	began, release := make(chan struct{}), make(chan struct{})
-	ev := make(pollerEvents, 16)
-	p := newPoller(t, db.Pool, outbox.StatusPollerConfig{Interval: time.Hour,
-		Hook: func(ctx context.Context, e outbox.StatusEvent) context.Context {
-			if e.Kind == outbox.StatusReadBegin {
-				close(began)
-				select {
-				case <-release:
-				case <-ctx.Done(): // the cleanup's hard stop, after a failure
-				}
-			}
-			return ev.hook(ctx, e)
-		}})
+	p, ev, began, release := heldPoller(t, db.Pool, nil)
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -233,18 +230,8 @@ func TestStatusPollerStopFinishesRead(t *testing.T) {
 func TestStatusPollerHardStopCancelsRead(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
-	var logs syncBuffer
-	began := make(chan struct{})
-	ev := make(pollerEvents, 16)
-	p := newPoller(t, db.Pool, outbox.StatusPollerConfig{Interval: time.Hour,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
-		Hook: func(ctx context.Context, e outbox.StatusEvent) context.Context {
-			if e.Kind == outbox.StatusReadBegin {
-				close(began)
-				<-ctx.Done() // until the hard stop
-			}
-			return ev.hook(ctx, e)
-		}})
+	var logs testbin.Buffer
+	p, ev, began, _ := heldPoller(t, db.Pool, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +251,7 @@ func TestStatusPollerHardStopCancelsRead(t *testing.T) {
 	}
 }
 
-// Refresh from many goroutines at once, with the loop running: every read
+// Refresh from many goroutines at once, with the loop started: every read
 // succeeds and is reported once, and the race detector sees the snapshot
 // guarded.
 func TestStatusPollerConcurrentRefresh(t *testing.T) {
@@ -277,7 +264,12 @@ func TestStatusPollerConcurrentRefresh(t *testing.T) {
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	errs := make(chan error, goroutines*reads)
+	// The loop's first read, before any Refresh: so the count below is
+	// exact.
+	if e := ev.next(t, outbox.StatusReadDone, outbox.StatusReadFailed); e.Kind != outbox.StatusReadDone {
+		t.Fatalf("the loop's first read: %+v", e)
+	}
+	errs := make(chan error, 2*goroutines*reads)
 	var wg sync.WaitGroup
 	for range goroutines {
 		wg.Go(func() {
@@ -304,8 +296,8 @@ func TestStatusPollerConcurrentRefresh(t *testing.T) {
 	for e := range ev {
 		count[e.Kind]++
 	}
-	// Every Refresh, plus the loop's first read (which Stop waited for).
-	if want := goroutines*reads + 1; count[outbox.StatusReadBegin] != want || count[outbox.StatusReadDone] != want || count[outbox.StatusReadFailed] != 0 {
+	// Every Refresh, and nothing else (the loop's begin was read above).
+	if want := goroutines * reads; count[outbox.StatusReadBegin] != want || count[outbox.StatusReadDone] != want || count[outbox.StatusReadFailed] != 0 {
 		t.Fatalf("events %v, want %d begins and %d done", count, want, want)
 	}
 }
@@ -316,7 +308,7 @@ func TestStatusPollerConcurrentRefresh(t *testing.T) {
 func TestStatusPollerDBError(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
-	var logs syncBuffer
+	var logs testbin.Buffer
 	ev := make(pollerEvents, 64)
 	p := newPoller(t, db.Pool, outbox.StatusPollerConfig{Interval: time.Hour,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Hook: ev.hook})
@@ -367,22 +359,4 @@ func TestStatusPollerDBError(t *testing.T) {
 	if st := p.Last(); st == before || st.Pending != 1 {
 		t.Fatalf("Last = %+v after the table came back, want a fresh read with 1 pending", st)
 	}
-}
-
-// syncBuffer is a bytes.Buffer a logger on another goroutine may write.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
