@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -17,18 +15,10 @@ import (
 // outbox.StatusIntervalDefault.
 const GaugesIntervalDefault = outbox.StatusIntervalDefault
 
-// OutboxGaugesConfig configures OutboxGauges. A nil one means all
-// defaults. Its fields are outbox.StatusPollerConfig's.
-type OutboxGaugesConfig struct {
-	// Interval is the time between two reads of outbox.GetStatus; each
-	// read is bounded by it too. Defaults to GaugesIntervalDefault (15s).
-	Interval time.Duration
-	// LeaseTTL is given to outbox.GetStatus (for its expired-lease count).
-	// Defaults to outbox.LeaseTTLDefault.
-	LeaseTTL time.Duration
-	// Logger receives failed reads. Defaults to slog.Default().
-	Logger *slog.Logger
-}
+// OutboxGaugesConfig configures OutboxGauges: it is the poller's config
+// (Interval, LeaseTTL, Logger, and Hook to observe each read). A nil one
+// means all defaults.
+type OutboxGaugesConfig = outbox.StatusPollerConfig
 
 // OutboxGauges reads the outbox's backlog (outbox.GetStatus: events by
 // status, the oldest pending age) every Interval in the background and
@@ -57,11 +47,7 @@ var ErrInvalidConfig = errors.New("idemotel: invalid config")
 // OutboxGauges registers the backlog gauges with the Instrumentation's
 // meter; Start runs the reads. Make one per outbox table.
 func (i *Instrumentation) OutboxGauges(db outbox.DBTX, cfg *OutboxGaugesConfig) (*OutboxGauges, error) {
-	var c OutboxGaugesConfig
-	if cfg != nil {
-		c = *cfg
-	}
-	p, err := outbox.NewStatusPoller(db, &outbox.StatusPollerConfig{Interval: c.Interval, LeaseTTL: c.LeaseTTL, Logger: c.Logger})
+	p, err := outbox.NewStatusPoller(db, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}

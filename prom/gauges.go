@@ -3,8 +3,6 @@ package idemprom
 import (
 	"errors"
 	"fmt"
-	"log/slog"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -19,18 +17,10 @@ const GaugesIntervalDefault = outbox.StatusIntervalDefault
 // names the field and wraps outbox.ErrInvalidConfig too.
 var ErrInvalidConfig = errors.New("idemprom: invalid config")
 
-// OutboxGaugesConfig configures OutboxGauges. A nil one means all
-// defaults. Its fields are outbox.StatusPollerConfig's.
-type OutboxGaugesConfig struct {
-	// Interval is the time between two reads of outbox.GetStatus; each
-	// read is bounded by it too. Defaults to GaugesIntervalDefault (15s).
-	Interval time.Duration
-	// LeaseTTL is given to outbox.GetStatus. Defaults to
-	// outbox.LeaseTTLDefault.
-	LeaseTTL time.Duration
-	// Logger receives failed reads. Defaults to slog.Default().
-	Logger *slog.Logger
-}
+// OutboxGaugesConfig configures OutboxGauges: it is the poller's config
+// (Interval, LeaseTTL, Logger, and Hook to observe each read). A nil one
+// means all defaults.
+type OutboxGaugesConfig = outbox.StatusPollerConfig
 
 // OutboxGauges reads the outbox's backlog (outbox.GetStatus) every
 // Interval in the background and serves the last read to every scrape as
@@ -55,11 +45,7 @@ type statusPoller = outbox.StatusPoller
 // OutboxGauges registers the backlog gauges with m's registry; Start runs
 // the reads. Make one per registry.
 func (m *Metrics) OutboxGauges(db outbox.DBTX, cfg *OutboxGaugesConfig) (*OutboxGauges, error) {
-	var c OutboxGaugesConfig
-	if cfg != nil {
-		c = *cfg
-	}
-	p, err := outbox.NewStatusPoller(db, &outbox.StatusPollerConfig{Interval: c.Interval, LeaseTTL: c.LeaseTTL, Logger: c.Logger})
+	p, err := outbox.NewStatusPoller(db, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
