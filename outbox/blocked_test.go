@@ -106,7 +106,7 @@ func explainClaim(t *testing.T, db *testdb.DB, batch int) planNode {
 	ctx := context.Background()
 	var raw []byte
 	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+outbox.ClaimLockedSQL, batch, "", "", 2*batch).Scan(&raw); err != nil {
+		if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+outbox.ClaimLockedSQL, "", "", 2*batch, batch).Scan(&raw); err != nil {
 			return err
 		}
 		return errors.New("rollback")

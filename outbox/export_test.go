@@ -6,7 +6,7 @@ import (
 	"github.com/idemkit/idem/outbox/internal/dbsqlc"
 )
 
-// ClaimLockedSQL is the at-least-once claim ($1: the batch size; $2, $3: the cursor aggregate type and id; $4: the window).
+// ClaimLockedSQL is the at-least-once claim ($1, $2: the cursor aggregate type and id; $3: the window; $4: the batch size). It writes: run it in a transaction that rolls back.
 const ClaimLockedSQL = dbsqlc.ClaimLockedSQL
 
 // ArmDoorbell and DisarmDoorbell run the relay's doorbell statements on db.

@@ -39,7 +39,7 @@ func TestClaimRunsWithoutJIT(t *testing.T) {
 		if _, err := tx.Exec(ctx, "SET LOCAL jit_above_cost = 0; SET LOCAL jit_inline_above_cost = 0; SET LOCAL jit_optimize_above_cost = 0"); err != nil {
 			t.Fatal(err)
 		}
-		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, FORMAT TEXT) "+outbox.ClaimLockedSQL, 10, "", "", 20)
+		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, FORMAT TEXT) "+outbox.ClaimLockedSQL, "", "", 20, 10)
 		if err != nil {
 			t.Fatal(err)
 		}

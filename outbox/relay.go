@@ -275,12 +275,28 @@ func (r *Relay) batchAtLeastOnce(ctx context.Context) (b result) {
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	q := r.q.WithTx(tx)
 	cur, win := r.claimCursor()
-	rows, err := q.ClaimLocked(ctx, dbsqlc.ClaimLockedParams{
-		CursorType: cur.typ, CursorID: cur.id, BatchSize: int32(r.cfg.BatchSize), WindowSize: int32(win),
-	})
+	// The window's heads first (ClaimFast), the full claim for the rest
+	// only when they fall short (see ClaimFast in the queries).
+	fast, err := q.ClaimFast(ctx, dbsqlc.ClaimFastParams{WindowSize: int32(win), BatchSize: int32(r.cfg.BatchSize)})
 	if err != nil {
 		b.err = fmt.Errorf("outbox: claim: %w", err)
 		return b
+	}
+	rows := make([]dbsqlc.ClaimLeaseRow, len(fast), r.cfg.BatchSize)
+	for i, row := range fast {
+		rows[i] = leaseRow(dbsqlc.ClaimFastRow(row), false)
+	}
+	if len(fast) < r.cfg.BatchSize {
+		more, err := q.ClaimLocked(ctx, dbsqlc.ClaimLockedParams{
+			CursorType: cur.typ, CursorID: cur.id, BatchSize: int32(r.cfg.BatchSize - len(fast)), WindowSize: int32(win),
+		})
+		if err != nil {
+			b.err = fmt.Errorf("outbox: claim: %w", err)
+			return b
+		}
+		for _, row := range more {
+			rows = append(rows, dbsqlc.ClaimLeaseRow(row))
+		}
 	}
 	if len(rows) == 0 {
 		b.err = tx.Commit(ctx)
@@ -290,13 +306,20 @@ func (r *Relay) batchAtLeastOnce(ctx context.Context) (b result) {
 	events := make([]Event, len(rows))
 	rotated := make([]bool, len(rows))
 	for i, row := range rows {
-		events[i] = eventFrom(dbsqlc.ClaimLeaseRow(row))
+		events[i] = eventFrom(row)
+		events[i].Attempts-- // the claim counted this attempt already
 		rotated[i] = row.Rotated
 	}
 	r.advanceCursor(cur, events, rotated)
 	r.adaptWindow(win, rotated)
 	sortEvents(events)
 	r.emitClaimed(ctx, events, time.Since(t0))
+	// The claim marked the batch PUBLISHED in this transaction, which holds
+	// the rows until it ends: nobody else sees the mark before the commit,
+	// and what was not delivered is undone below, before it. So the common
+	// batch, all delivered, writes each row once (as the cheapest unordered
+	// relay does), where a claim followed by a mark wrote it twice.
+	//
 	// Crash window: the rows are locked by this transaction, nothing is
 	// published. A crash rolls the transaction back; the rows are PENDING
 	// and untouched, and the next claim takes them.
@@ -306,28 +329,40 @@ func (r *Relay) batchAtLeastOnce(ctx context.Context) (b result) {
 	}
 	b.o = r.deliver(ctx, events)
 	// Crash window: the broker has the delivered events, the table does
-	// not know. A crash rolls the claim back; the events are published
-	// again by the next claim: a duplicate, never a loss.
+	// not know (the mark is uncommitted). A crash rolls the claim back;
+	// the events are published again by the next claim: a duplicate,
+	// never a loss.
 	if len(b.o.ok) > 0 {
 		if err := failpoint.Inject(failpoint.RelayPublished); err != nil {
 			b.err = err
 			return b
 		}
 	}
-	if len(b.o.ok) > 0 {
-		if _, err := q.MarkPublishedLocked(ctx, b.o.ids(events, b.o.ok)); err != nil {
-			b.err = fmt.Errorf("outbox: mark published: %w", err)
-			return b
-		}
-	}
 	var dead []int64
-	if len(b.o.failed) > 0 {
+	if len(b.o.failed)+len(b.o.held) > 0 {
 		p := r.failParams(events, b.o)
+		counted := make([]bool, len(p.ids))
+		for i := range b.o.failed {
+			counted[i] = true
+		}
+		// Held-back events were not attempted: back to PENDING uncounted,
+		// as they were; the block below holds them behind the failure.
+		for _, i := range b.o.held {
+			p.ids = append(p.ids, events[i].ID)
+			p.errs = append(p.errs, "")
+			p.delays = append(p.delays, 0)
+		}
 		marked, err := q.MarkFailedLocked(ctx, dbsqlc.MarkFailedLockedParams{
-			MaxAttempts: int32(r.cfg.MaxAttempts), Ids: p.ids, Errs: p.errs, DelaysMs: p.delays,
+			MaxAttempts: int32(r.cfg.MaxAttempts), Ids: p.ids, Errs: p.errs, DelaysMs: p.delays, Counted: counted,
 		})
 		if err != nil {
 			b.err = fmt.Errorf("outbox: mark failed: %w", err)
+			return b
+		}
+		if len(marked) != len(p.ids) {
+			// The rows are this transaction's: a shortfall is a bug, and
+			// committing would publish-mark undelivered events.
+			b.err = fmt.Errorf("outbox: mark failed: %d of %d rows changed", len(marked), len(p.ids))
 			return b
 		}
 		for _, m := range marked {
@@ -336,9 +371,9 @@ func (r *Relay) batchAtLeastOnce(ctx context.Context) (b result) {
 			}
 		}
 	}
-	// Events held back behind a failure of their aggregate stay PENDING:
-	// the failed event's backoff keeps them waiting, and the block takes
-	// them (and the aggregate's later events) out of the claim's index.
+	// The failed event's backoff keeps the events held back behind it
+	// waiting, and the block takes them (and the aggregate's later events)
+	// out of the claim's index.
 	if block, release := settlement(events, &b.o); !block.empty() || !release.empty() {
 		if err := settle(ctx, q, block, release); err != nil {
 			b.err = err
@@ -477,12 +512,26 @@ func (r *Relay) claimLease(ctx context.Context, token int64) ([]dbsqlc.ClaimLeas
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	cur, win := r.claimCursor()
-	rows, err := r.q.WithTx(tx).ClaimLease(ctx, dbsqlc.ClaimLeaseParams{
-		Owner: r.cfg.Owner, Token: token, BatchSize: int32(r.cfg.BatchSize), WindowSize: int32(win),
-		CursorType: cur.typ, CursorID: cur.id,
+	q := r.q.WithTx(tx)
+	fast, err := q.ClaimLeaseFast(ctx, dbsqlc.ClaimLeaseFastParams{
+		Owner: r.cfg.Owner, Token: token, WindowSize: int32(win), BatchSize: int32(r.cfg.BatchSize),
 	})
 	if err != nil {
 		return nil, err
+	}
+	rows := make([]dbsqlc.ClaimLeaseRow, len(fast), r.cfg.BatchSize)
+	for i, row := range fast {
+		rows[i] = leaseRow(dbsqlc.ClaimFastRow(row), false)
+	}
+	if len(fast) < r.cfg.BatchSize {
+		more, err := q.ClaimLease(ctx, dbsqlc.ClaimLeaseParams{
+			Owner: r.cfg.Owner, Token: token, BatchSize: int32(r.cfg.BatchSize - len(fast)), WindowSize: int32(win),
+			CursorType: cur.typ, CursorID: cur.id,
+		})
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, more...)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, err
@@ -600,6 +649,15 @@ func randomToken() int64 {
 	var b [8]byte
 	_, _ = crand.Read(b[:])
 	return int64(binary.LittleEndian.Uint64(b[:]) >> 1)
+}
+
+// leaseRow is a fast claim's row in the full claims' shape.
+func leaseRow(row dbsqlc.ClaimFastRow, rotated bool) dbsqlc.ClaimLeaseRow {
+	return dbsqlc.ClaimLeaseRow{
+		ID: row.ID, Topic: row.Topic, AggregateType: row.AggregateType, AggregateID: row.AggregateID,
+		AggregateSeq: row.AggregateSeq, EventID: row.EventID, EventType: row.EventType, Payload: row.Payload,
+		Headers: row.Headers, Attempts: row.Attempts, CreatedAt: row.CreatedAt, Rotated: rotated,
+	}
 }
 
 func eventFrom(row dbsqlc.ClaimLeaseRow) Event {

@@ -198,8 +198,7 @@ win AS MATERIALIZED (
     LIMIT sqlc.arg(window_size)::int
 ),
 by_id AS (
-    SELECT o.id, o.topic, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_id, o.event_type,
-           o.payload, o.headers, o.attempts, o.created_at, false AS rotated
+    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
     FROM outbox_event o
     WHERE o.id IN (
         SELECT c.id FROM win c
@@ -219,11 +218,10 @@ by_id AS (
 by_aggregate AS (
     -- LATERAL keeps it a loop over the candidates in scan order, which
     -- stops at the batch's size (a join could hash them all first).
-    SELECT h.*, true AS rotated
+    SELECT h.id, h.aggregate_type, h.aggregate_id, h.aggregate_seq, true AS rotated
     FROM firsts f
     CROSS JOIN LATERAL (
-        SELECT o.id, o.topic, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_id, o.event_type,
-               o.payload, o.headers, o.attempts, o.created_at
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
         FROM outbox_event o
         WHERE o.id = f.id
           AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
@@ -248,14 +246,12 @@ per_head AS (
     SELECT ((sqlc.arg(batch_size)::int - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1))::int AS n FROM heads
 ),
 run AS (
-    SELECT r.id, r.topic, r.aggregate_type, r.aggregate_id, r.aggregate_seq, r.event_id, r.event_type,
-           r.payload, r.headers, r.attempts, r.created_at,
+    SELECT r.id,
            row_number() OVER w AS pos,
            bool_and(r.status = 'PENDING' AND r.available_at <= now()) OVER w AS ok
     FROM heads h
     CROSS JOIN LATERAL (
-        SELECT e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
-               e.payload, e.headers, e.attempts, e.created_at, e.status, e.available_at
+        SELECT e.id, e.aggregate_seq, e.status, e.available_at
         FROM outbox_event e
         WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id
           AND e.aggregate_seq > h.aggregate_seq
@@ -263,19 +259,22 @@ run AS (
         LIMIT (SELECT n FROM per_head)
     ) r
     WINDOW w AS (PARTITION BY h.id ORDER BY r.aggregate_seq)
+),
+claim AS (
+    SELECT c.id FROM (
+        SELECT heads.id, 0::bigint AS pos FROM heads
+        UNION ALL
+        SELECT run.id, run.pos FROM run WHERE run.ok
+    ) c
+    ORDER BY c.pos, c.id
+    LIMIT sqlc.arg(batch_size)::int
 )
--- The rows come out of the scans whole: no second lookup by id.
-SELECT c.id, c.topic, c.aggregate_type, c.aggregate_id, c.aggregate_seq, c.event_id, c.event_type,
-       c.payload, c.headers, c.attempts, c.created_at, c.rotated::bool AS rotated
-FROM (
-    SELECT heads.*, 0::bigint AS pos FROM heads
-    UNION ALL
-    SELECT run.id, run.topic, run.aggregate_type, run.aggregate_id, run.aggregate_seq, run.event_id, run.event_type,
-           run.payload, run.headers, run.attempts, run.created_at, false, run.pos
-    FROM run WHERE run.ok
-) c
-ORDER BY c.pos, c.id
-LIMIT sqlc.arg(batch_size)::int;
+UPDATE outbox_event e
+SET status = 'PUBLISHED', published_at = now(), attempts = e.attempts + 1, held = false
+WHERE e.id IN (SELECT claim.id FROM claim)
+RETURNING e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
+          e.payload, e.headers, e.attempts, e.created_at,
+          (e.id IN (SELECT heads.id FROM heads WHERE heads.rotated))::bool AS rotated;
 
 -- The selection below repeats ClaimLocked's on purpose: sqlc cannot share a
 -- CTE between queries, and moving it into a SQL function would change its
@@ -329,6 +328,9 @@ win AS MATERIALIZED (
     SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
     FROM outbox_event w
     WHERE w.published_at IS NULL AND NOT w.held
+      -- This claim's own rows (ClaimLeaseFast's, in this transaction) are
+      -- in this batch: the events behind them may join it.
+      AND w.lease_token IS DISTINCT FROM sqlc.arg(token)::bigint
     ORDER BY w.id
     LIMIT sqlc.arg(window_size)::int
 ),
@@ -412,22 +414,99 @@ RETURNING e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.ev
           e.payload, e.headers, e.attempts, e.created_at,
           (e.id IN (SELECT heads.id FROM heads WHERE heads.rotated))::bool AS rotated;
 
--- name: MarkPublishedLocked :execrows
-UPDATE outbox_event
-SET status = 'PUBLISHED', published_at = now(), attempts = attempts + 1
-WHERE id = ANY(sqlc.arg(ids)::bigint[]) AND status = 'PENDING';
+-- ClaimFast and ClaimLeaseFast are the claims' first statement: the
+-- window's heads (see ClaimLocked, by_id) and nothing else, no run behind
+-- a head and no walk over the aggregates, written at once like
+-- ClaimLocked's and ClaimLease's. When the oldest events are of different
+-- aggregates, the common case, that is the whole batch, and the claim
+-- costs little more than the cheapest unordered one. When it falls short,
+-- the relay runs the full claim in the same transaction for the rest: the
+-- heads just taken are no longer unpublished in the transaction's view,
+-- so the full claim sees the events behind them as heads, and the batch
+-- keeps each aggregate's order.
+-- name: ClaimFast :many
+WITH win AS MATERIALIZED (
+    SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
+    FROM outbox_event w
+    WHERE w.published_at IS NULL AND NOT w.held
+    ORDER BY w.id
+    LIMIT sqlc.arg(window_size)::int
+),
+heads AS (
+    SELECT o.id
+    FROM outbox_event o
+    WHERE o.id IN (
+        SELECT c.id FROM win c
+        WHERE c.status = 'PENDING' AND c.available_at <= now()
+          AND (c.aggregate_type, c.aggregate_id, c.aggregate_seq) IN (
+              SELECT m.aggregate_type, m.aggregate_id, min(m.aggregate_seq) FROM win m GROUP BY 1, 2)
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_event p
+              WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
+                AND p.aggregate_seq = c.aggregate_seq - 1
+                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
+      AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+    ORDER BY o.id
+    LIMIT sqlc.arg(batch_size)::int
+    FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE outbox_event e
+SET status = 'PUBLISHED', published_at = now(), attempts = e.attempts + 1, held = false
+FROM heads h
+WHERE e.id = h.id
+RETURNING e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
+          e.payload, e.headers, e.attempts, e.created_at;
 
--- MarkFailedLocked records publish failures in at-least-once mode and
--- returns the rows it changed, saying which became DEAD.
+-- name: ClaimLeaseFast :many
+WITH win AS MATERIALIZED (
+    SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
+    FROM outbox_event w
+    WHERE w.published_at IS NULL AND NOT w.held
+    ORDER BY w.id
+    LIMIT sqlc.arg(window_size)::int
+),
+heads AS (
+    SELECT o.id
+    FROM outbox_event o
+    WHERE o.id IN (
+        SELECT c.id FROM win c
+        WHERE c.status = 'PENDING' AND c.available_at <= now()
+          AND (c.aggregate_type, c.aggregate_id, c.aggregate_seq) IN (
+              SELECT m.aggregate_type, m.aggregate_id, min(m.aggregate_seq) FROM win m GROUP BY 1, 2)
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_event p
+              WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
+                AND p.aggregate_seq = c.aggregate_seq - 1
+                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
+      AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+    ORDER BY o.id
+    LIMIT sqlc.arg(batch_size)::int
+    FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE outbox_event e
+SET status = 'PUBLISHING', lease_owner = sqlc.arg(owner)::text, lease_token = sqlc.arg(token)::bigint,
+    locked_at = now(), attempts = e.attempts + 1, held = false
+FROM heads h
+WHERE e.id = h.id
+RETURNING e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
+          e.payload, e.headers, e.attempts, e.created_at;
+
+-- MarkFailedLocked undoes, for the events of an at-least-once batch that
+-- were not delivered, what ClaimLocked wrote in the same transaction: a
+-- failed event (counted) goes back to PENDING with its error and backoff,
+-- or DEAD at the attempt limit; an event held back behind a failure of its
+-- aggregate (not counted) goes back to PENDING as it was. It returns the
+-- rows it changed, saying which became DEAD.
 -- name: MarkFailedLocked :many
 UPDATE outbox_event e
-SET attempts = e.attempts + 1,
-    last_error = u.err,
-    available_at = now() + u.delay_ms * interval '1 millisecond',
-    status = CASE WHEN e.attempts + 1 >= sqlc.arg(max_attempts)::int THEN 'DEAD' ELSE 'PENDING' END
+SET attempts = CASE WHEN u.counted THEN e.attempts ELSE e.attempts - 1 END,
+    last_error = CASE WHEN u.counted THEN u.err ELSE e.last_error END,
+    available_at = CASE WHEN u.counted THEN now() + u.delay_ms * interval '1 millisecond' ELSE e.available_at END,
+    status = CASE WHEN u.counted AND e.attempts >= sqlc.arg(max_attempts)::int THEN 'DEAD' ELSE 'PENDING' END,
+    published_at = NULL
 FROM (SELECT unnest(sqlc.arg(ids)::bigint[]) AS id, unnest(sqlc.arg(errs)::text[]) AS err,
-             unnest(sqlc.arg(delays_ms)::bigint[]) AS delay_ms) u
-WHERE e.id = u.id AND e.status = 'PENDING'
+             unnest(sqlc.arg(delays_ms)::bigint[]) AS delay_ms, unnest(sqlc.arg(counted)::bool[]) AS counted) u
+WHERE e.id = u.id AND e.status = 'PUBLISHED'
 RETURNING e.id, (e.status = 'DEAD')::bool AS dead;
 
 -- MarkPublishedLease completes a two-phase batch. The token guard makes a

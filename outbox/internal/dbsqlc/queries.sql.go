@@ -72,6 +72,101 @@ func (q *Queries) BlockAggregates(ctx context.Context, arg BlockAggregatesParams
 	return err
 }
 
+const claimFast = `-- name: ClaimFast :many
+WITH win AS MATERIALIZED (
+    SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
+    FROM outbox_event w
+    WHERE w.published_at IS NULL AND NOT w.held
+    ORDER BY w.id
+    LIMIT $1::int
+),
+heads AS (
+    SELECT o.id
+    FROM outbox_event o
+    WHERE o.id IN (
+        SELECT c.id FROM win c
+        WHERE c.status = 'PENDING' AND c.available_at <= now()
+          AND (c.aggregate_type, c.aggregate_id, c.aggregate_seq) IN (
+              SELECT m.aggregate_type, m.aggregate_id, min(m.aggregate_seq) FROM win m GROUP BY 1, 2)
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_event p
+              WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
+                AND p.aggregate_seq = c.aggregate_seq - 1
+                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
+      AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+    ORDER BY o.id
+    LIMIT $2::int
+    FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE outbox_event e
+SET status = 'PUBLISHED', published_at = now(), attempts = e.attempts + 1, held = false
+FROM heads h
+WHERE e.id = h.id
+RETURNING e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
+          e.payload, e.headers, e.attempts, e.created_at
+`
+
+type ClaimFastParams struct {
+	WindowSize int32
+	BatchSize  int32
+}
+
+type ClaimFastRow struct {
+	ID            int64
+	Topic         string
+	AggregateType string
+	AggregateID   string
+	AggregateSeq  int64
+	EventID       string
+	EventType     string
+	Payload       []byte
+	Headers       []byte
+	Attempts      int32
+	CreatedAt     pgtype.Timestamptz
+}
+
+// ClaimFast and ClaimLeaseFast are the claims' first statement: the
+// window's heads (see ClaimLocked, by_id) and nothing else, no run behind
+// a head and no walk over the aggregates, written at once like
+// ClaimLocked's and ClaimLease's. When the oldest events are of different
+// aggregates, the common case, that is the whole batch, and the claim
+// costs little more than the cheapest unordered one. When it falls short,
+// the relay runs the full claim in the same transaction for the rest: the
+// heads just taken are no longer unpublished in the transaction's view,
+// so the full claim sees the events behind them as heads, and the batch
+// keeps each aggregate's order.
+func (q *Queries) ClaimFast(ctx context.Context, arg ClaimFastParams) ([]ClaimFastRow, error) {
+	rows, err := q.db.Query(ctx, claimFast, arg.WindowSize, arg.BatchSize)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ClaimFastRow
+	for rows.Next() {
+		var i ClaimFastRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Topic,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateSeq,
+			&i.EventID,
+			&i.EventType,
+			&i.Payload,
+			&i.Headers,
+			&i.Attempts,
+			&i.CreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const claimLease = `-- name: ClaimLease :many
 WITH RECURSIVE after_cursor AS (
     (SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
@@ -115,6 +210,9 @@ win AS MATERIALIZED (
     SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
     FROM outbox_event w
     WHERE w.published_at IS NULL AND NOT w.held
+      -- This claim's own rows (ClaimLeaseFast's, in this transaction) are
+      -- in this batch: the events behind them may join it.
+      AND w.lease_token IS DISTINCT FROM $2::bigint
     ORDER BY w.id
     LIMIT $5::int
 ),
@@ -272,12 +370,105 @@ func (q *Queries) ClaimLease(ctx context.Context, arg ClaimLeaseParams) ([]Claim
 	return items, nil
 }
 
+const claimLeaseFast = `-- name: ClaimLeaseFast :many
+WITH win AS MATERIALIZED (
+    SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
+    FROM outbox_event w
+    WHERE w.published_at IS NULL AND NOT w.held
+    ORDER BY w.id
+    LIMIT $3::int
+),
+heads AS (
+    SELECT o.id
+    FROM outbox_event o
+    WHERE o.id IN (
+        SELECT c.id FROM win c
+        WHERE c.status = 'PENDING' AND c.available_at <= now()
+          AND (c.aggregate_type, c.aggregate_id, c.aggregate_seq) IN (
+              SELECT m.aggregate_type, m.aggregate_id, min(m.aggregate_seq) FROM win m GROUP BY 1, 2)
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_event p
+              WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
+                AND p.aggregate_seq = c.aggregate_seq - 1
+                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
+      AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+    ORDER BY o.id
+    LIMIT $4::int
+    FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE outbox_event e
+SET status = 'PUBLISHING', lease_owner = $1::text, lease_token = $2::bigint,
+    locked_at = now(), attempts = e.attempts + 1, held = false
+FROM heads h
+WHERE e.id = h.id
+RETURNING e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
+          e.payload, e.headers, e.attempts, e.created_at
+`
+
+type ClaimLeaseFastParams struct {
+	Owner      string
+	Token      int64
+	WindowSize int32
+	BatchSize  int32
+}
+
+type ClaimLeaseFastRow struct {
+	ID            int64
+	Topic         string
+	AggregateType string
+	AggregateID   string
+	AggregateSeq  int64
+	EventID       string
+	EventType     string
+	Payload       []byte
+	Headers       []byte
+	Attempts      int32
+	CreatedAt     pgtype.Timestamptz
+}
+
+func (q *Queries) ClaimLeaseFast(ctx context.Context, arg ClaimLeaseFastParams) ([]ClaimLeaseFastRow, error) {
+	rows, err := q.db.Query(ctx, claimLeaseFast,
+		arg.Owner,
+		arg.Token,
+		arg.WindowSize,
+		arg.BatchSize,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ClaimLeaseFastRow
+	for rows.Next() {
+		var i ClaimLeaseFastRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Topic,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateSeq,
+			&i.EventID,
+			&i.EventType,
+			&i.Payload,
+			&i.Headers,
+			&i.Attempts,
+			&i.CreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const claimLocked = `-- name: ClaimLocked :many
 WITH RECURSIVE after_cursor AS (
     (SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
      FROM outbox_event o
      WHERE o.published_at IS NULL AND NOT o.held
-       AND (o.aggregate_type, o.aggregate_id) > ($2::text, $3::text)
+       AND (o.aggregate_type, o.aggregate_id) > ($1::text, $2::text)
      ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
      LIMIT 1)
     UNION ALL
@@ -293,7 +484,7 @@ up_to_cursor AS (
     (SELECT o.id, o.aggregate_type, o.aggregate_id, o.status, o.available_at
      FROM outbox_event o
      WHERE o.published_at IS NULL AND NOT o.held
-       AND (o.aggregate_type, o.aggregate_id) <= ($2::text, $3::text)
+       AND (o.aggregate_type, o.aggregate_id) <= ($1::text, $2::text)
      ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
      LIMIT 1)
     UNION ALL
@@ -302,7 +493,7 @@ up_to_cursor AS (
         FROM outbox_event o
         WHERE o.published_at IS NULL AND NOT o.held
           AND (o.aggregate_type, o.aggregate_id) > (a.aggregate_type, a.aggregate_id)
-          AND (o.aggregate_type, o.aggregate_id) <= ($2::text, $3::text)
+          AND (o.aggregate_type, o.aggregate_id) <= ($1::text, $2::text)
         ORDER BY o.aggregate_type, o.aggregate_id, o.aggregate_seq
         LIMIT 1) n
 ),
@@ -316,11 +507,10 @@ win AS MATERIALIZED (
     FROM outbox_event w
     WHERE w.published_at IS NULL AND NOT w.held
     ORDER BY w.id
-    LIMIT $4::int
+    LIMIT $3::int
 ),
 by_id AS (
-    SELECT o.id, o.topic, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_id, o.event_type,
-           o.payload, o.headers, o.attempts, o.created_at, false AS rotated
+    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
     FROM outbox_event o
     WHERE o.id IN (
         SELECT c.id FROM win c
@@ -334,17 +524,16 @@ by_id AS (
                 AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
       AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
     ORDER BY o.id
-    LIMIT $1::int
+    LIMIT $4::int
     FOR UPDATE OF o SKIP LOCKED
 ),
 by_aggregate AS (
     -- LATERAL keeps it a loop over the candidates in scan order, which
     -- stops at the batch's size (a join could hash them all first).
-    SELECT h.id, h.topic, h.aggregate_type, h.aggregate_id, h.aggregate_seq, h.event_id, h.event_type, h.payload, h.headers, h.attempts, h.created_at, true AS rotated
+    SELECT h.id, h.aggregate_type, h.aggregate_id, h.aggregate_seq, true AS rotated
     FROM firsts f
     CROSS JOIN LATERAL (
-        SELECT o.id, o.topic, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_id, o.event_type,
-               o.payload, o.headers, o.attempts, o.created_at
+        SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq
         FROM outbox_event o
         WHERE o.id = f.id
           AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
@@ -360,23 +549,21 @@ by_aggregate AS (
 ),
 heads AS (
     -- by_aggregate runs only when by_id falls short of the batch.
-    SELECT id, topic, aggregate_type, aggregate_id, aggregate_seq, event_id, event_type, payload, headers, attempts, created_at, rotated FROM by_id
+    SELECT id, aggregate_type, aggregate_id, aggregate_seq, rotated FROM by_id
     UNION ALL
-    SELECT id, topic, aggregate_type, aggregate_id, aggregate_seq, event_id, event_type, payload, headers, attempts, created_at, rotated FROM by_aggregate
-    LIMIT $1::int
+    SELECT id, aggregate_type, aggregate_id, aggregate_seq, rotated FROM by_aggregate
+    LIMIT $4::int
 ),
 per_head AS (
-    SELECT (($1::int - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1))::int AS n FROM heads
+    SELECT (($4::int - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1))::int AS n FROM heads
 ),
 run AS (
-    SELECT r.id, r.topic, r.aggregate_type, r.aggregate_id, r.aggregate_seq, r.event_id, r.event_type,
-           r.payload, r.headers, r.attempts, r.created_at,
+    SELECT r.id,
            row_number() OVER w AS pos,
            bool_and(r.status = 'PENDING' AND r.available_at <= now()) OVER w AS ok
     FROM heads h
     CROSS JOIN LATERAL (
-        SELECT e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
-               e.payload, e.headers, e.attempts, e.created_at, e.status, e.available_at
+        SELECT e.id, e.aggregate_seq, e.status, e.available_at
         FROM outbox_event e
         WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id
           AND e.aggregate_seq > h.aggregate_seq
@@ -384,25 +571,29 @@ run AS (
         LIMIT (SELECT n FROM per_head)
     ) r
     WINDOW w AS (PARTITION BY h.id ORDER BY r.aggregate_seq)
+),
+claim AS (
+    SELECT c.id FROM (
+        SELECT heads.id, 0::bigint AS pos FROM heads
+        UNION ALL
+        SELECT run.id, run.pos FROM run WHERE run.ok
+    ) c
+    ORDER BY c.pos, c.id
+    LIMIT $4::int
 )
-SELECT c.id, c.topic, c.aggregate_type, c.aggregate_id, c.aggregate_seq, c.event_id, c.event_type,
-       c.payload, c.headers, c.attempts, c.created_at, c.rotated::bool AS rotated
-FROM (
-    SELECT heads.id, heads.topic, heads.aggregate_type, heads.aggregate_id, heads.aggregate_seq, heads.event_id, heads.event_type, heads.payload, heads.headers, heads.attempts, heads.created_at, heads.rotated, 0::bigint AS pos FROM heads
-    UNION ALL
-    SELECT run.id, run.topic, run.aggregate_type, run.aggregate_id, run.aggregate_seq, run.event_id, run.event_type,
-           run.payload, run.headers, run.attempts, run.created_at, false, run.pos
-    FROM run WHERE run.ok
-) c
-ORDER BY c.pos, c.id
-LIMIT $1::int
+UPDATE outbox_event e
+SET status = 'PUBLISHED', published_at = now(), attempts = e.attempts + 1, held = false
+WHERE e.id IN (SELECT claim.id FROM claim)
+RETURNING e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_id, e.event_type,
+          e.payload, e.headers, e.attempts, e.created_at,
+          (e.id IN (SELECT heads.id FROM heads WHERE heads.rotated))::bool AS rotated
 `
 
 type ClaimLockedParams struct {
-	BatchSize  int32
 	CursorType string
 	CursorID   string
 	WindowSize int32
+	BatchSize  int32
 }
 
 type ClaimLockedRow struct {
@@ -457,13 +648,12 @@ type ClaimLockedRow struct {
 //
 // Either way a candidate gets the predecessor check, which does not trust
 // held: a stale held flag can delay an event, never reorder one.
-// The rows come out of the scans whole: no second lookup by id.
 func (q *Queries) ClaimLocked(ctx context.Context, arg ClaimLockedParams) ([]ClaimLockedRow, error) {
 	rows, err := q.db.Query(ctx, claimLocked,
-		arg.BatchSize,
 		arg.CursorType,
 		arg.CursorID,
 		arg.WindowSize,
+		arg.BatchSize,
 	)
 	if err != nil {
 		return nil, err
@@ -971,13 +1161,14 @@ func (q *Queries) MarkFailedLease(ctx context.Context, arg MarkFailedLeaseParams
 
 const markFailedLocked = `-- name: MarkFailedLocked :many
 UPDATE outbox_event e
-SET attempts = e.attempts + 1,
-    last_error = u.err,
-    available_at = now() + u.delay_ms * interval '1 millisecond',
-    status = CASE WHEN e.attempts + 1 >= $1::int THEN 'DEAD' ELSE 'PENDING' END
+SET attempts = CASE WHEN u.counted THEN e.attempts ELSE e.attempts - 1 END,
+    last_error = CASE WHEN u.counted THEN u.err ELSE e.last_error END,
+    available_at = CASE WHEN u.counted THEN now() + u.delay_ms * interval '1 millisecond' ELSE e.available_at END,
+    status = CASE WHEN u.counted AND e.attempts >= $1::int THEN 'DEAD' ELSE 'PENDING' END,
+    published_at = NULL
 FROM (SELECT unnest($2::bigint[]) AS id, unnest($3::text[]) AS err,
-             unnest($4::bigint[]) AS delay_ms) u
-WHERE e.id = u.id AND e.status = 'PENDING'
+             unnest($4::bigint[]) AS delay_ms, unnest($5::bool[]) AS counted) u
+WHERE e.id = u.id AND e.status = 'PUBLISHED'
 RETURNING e.id, (e.status = 'DEAD')::bool AS dead
 `
 
@@ -986,6 +1177,7 @@ type MarkFailedLockedParams struct {
 	Ids         []int64
 	Errs        []string
 	DelaysMs    []int64
+	Counted     []bool
 }
 
 type MarkFailedLockedRow struct {
@@ -993,14 +1185,19 @@ type MarkFailedLockedRow struct {
 	Dead bool
 }
 
-// MarkFailedLocked records publish failures in at-least-once mode and
-// returns the rows it changed, saying which became DEAD.
+// MarkFailedLocked undoes, for the events of an at-least-once batch that
+// were not delivered, what ClaimLocked wrote in the same transaction: a
+// failed event (counted) goes back to PENDING with its error and backoff,
+// or DEAD at the attempt limit; an event held back behind a failure of its
+// aggregate (not counted) goes back to PENDING as it was. It returns the
+// rows it changed, saying which became DEAD.
 func (q *Queries) MarkFailedLocked(ctx context.Context, arg MarkFailedLockedParams) ([]MarkFailedLockedRow, error) {
 	rows, err := q.db.Query(ctx, markFailedLocked,
 		arg.MaxAttempts,
 		arg.Ids,
 		arg.Errs,
 		arg.DelaysMs,
+		arg.Counted,
 	)
 	if err != nil {
 		return nil, err
@@ -1036,20 +1233,6 @@ type MarkPublishedLeaseParams struct {
 // change nothing.
 func (q *Queries) MarkPublishedLease(ctx context.Context, arg MarkPublishedLeaseParams) (int64, error) {
 	result, err := q.db.Exec(ctx, markPublishedLease, arg.Ids, arg.Token)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const markPublishedLocked = `-- name: MarkPublishedLocked :execrows
-UPDATE outbox_event
-SET status = 'PUBLISHED', published_at = now(), attempts = attempts + 1
-WHERE id = ANY($1::bigint[]) AND status = 'PENDING'
-`
-
-func (q *Queries) MarkPublishedLocked(ctx context.Context, ids []int64) (int64, error) {
-	result, err := q.db.Exec(ctx, markPublishedLocked, ids)
 	if err != nil {
 		return 0, err
 	}
