@@ -35,10 +35,19 @@
 // PENDING-and-visible later and is claimed then.
 //
 // The claim's cost does not follow the events behind a head. It looks for
-// heads first among the oldest BatchSize unpublished, not held rows (by
-// id): when those are of different aggregates, the common case, each is
-// its aggregate's head and that is all the claim reads. When they fall
-// short (one aggregate's long run, other relays' batches, heads in
+// heads first among the oldest unpublished, not held rows (by id; the
+// window, one to sixteen batches, grown when it falls short and shrunk
+// when it does not): when those are of different aggregates, the common
+// case, each is its aggregate's head, and the claim is one statement that
+// finds, locks and writes them (at-least-once: marks them PUBLISHED in the
+// batch's transaction, undoing the mark of what is not delivered before
+// the commit; two-phase: moves them to PUBLISHING). The window also makes
+// the predecessor check cheap: ids follow sequences within an aggregate
+// (both are taken under the counter row lock), so an unpublished
+// predecessor that is not held is in the window whenever its successor
+// is, and a head is its aggregate's first row there whose predecessor is
+// not a held row (probed in a small index of held rows, empty while
+// nothing fails). When the window's heads fall short (one aggregate's long run, other relays' batches, heads in
 // backoff), it goes on by aggregate: an index of the same rows by
 // (aggregate type, aggregate id, sequence) gives each aggregate's first
 // one in a single descent, and the claim walks the aggregates (a skip
@@ -57,8 +66,9 @@
 // waiting behind failures cost a claim nothing: it reads the ready rows,
 // the failing heads still in backoff (one per blocked aggregate) and rows
 // in flight, never the backlog behind them. Safety does not rest on the
-// flag: the claim still checks each candidate's predecessor, so a wrong
-// held flag can delay an event but never reorder one. Liveness rests on
+// flag: the claim still checks each candidate's predecessor (in the window
+// if it is not held, in the held rows' index if it is), so a wrong held
+// flag can delay an event but never reorder one. Liveness rests on
 // this: the truth is outbox_aggregate.blocked, changed only while holding
 // the aggregate's counter row lock, which EnqueueTx takes too, in a
 // statement that follows the lock (so its snapshot includes every event
@@ -125,9 +135,20 @@
 // batch in hand. Relay satisfies lifecycle.Component and
 // lifecycle.HardStopper.
 //
-// Wake-up: a trigger NOTIFYs at commit; the relay LISTENs on a dedicated
-// connection (reconnecting with backoff on failure) and polls as a
-// fallback.
+// Wake-up: the doorbell. A relay LISTENs on a dedicated connection
+// (reconnecting with backoff on failure) and polls as a fallback. An
+// enqueue sends the NOTIFY only while a relay sleeps: a relay about to
+// sleep holds an advisory lock exclusively (armed, on a second dedicated
+// connection) after a last claim, and an enqueue tries the same lock
+// shared for the rest of its transaction, notifying when the try fails.
+// While relays are busy an enqueue sends nothing, and its shared lock,
+// held to its commit, keeps relays from arming until its events are
+// visible to their last claim ('busy': they poll again within
+// milliseconds). A NOTIFY per enqueuing transaction would make PostgreSQL
+// serialize those commits server-wide. Arming, the last claim and the
+// protocol's corners (another relay armed, an armed relay stopping) are in
+// doorbell.go and Relay.loop; TestDoorbell* prove that no event waits for
+// the poll interval.
 //
 // Observation: RelayConfig.Hook receives a RelayEvent for each batch
 // (begin, claimed, published, failed, dead, lease lost, done), for the

@@ -62,10 +62,11 @@ type Relay struct {
 //
 // The relay takes a pool, not a narrower interface, because it needs one
 // for what only a pool gives: transactions for its batches and, unless
-// DisableNotify, a connection of its own for LISTEN, taken from the pool
-// and never returned to it (the pool opens another in its place). It uses
-// at most three of the pool's connections at a time: one each for the
-// batch in hand, the reaper and the purge.
+// DisableNotify, two connections of its own, for LISTEN and for the
+// doorbell's session lock, taken from the pool and never returned to it
+// (the pool opens others in their place). It uses at most three of the
+// pool's connections at a time besides: one each for the batch in hand,
+// the reaper and the purge.
 func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg *RelayConfig) (*Relay, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)

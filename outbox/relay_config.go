@@ -44,8 +44,10 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
-// NotifyChannel is the channel the migration's trigger notifies on every
-// INSERT into outbox_event, and the relay LISTENs on.
+// NotifyChannel is the channel relays LISTEN on, and EnqueueTx notifies on
+// while a relay sleeps (the doorbell; see the package doc), with the
+// outbox table's oid as the payload: the channel is the database's, and
+// relays of other schemas' tables ignore it.
 const NotifyChannel = "idem_outbox"
 
 // Defaults of RelayConfig.
@@ -119,8 +121,8 @@ type RelayConfig struct {
 	// PurgeBatchSize is how many rows one purge statement deletes.
 	// Defaults to PurgeBatchSizeDefault (1000).
 	PurgeBatchSize int
-	// DisableNotify turns off the LISTEN connection; the relay then only
-	// polls. Defaults to false.
+	// DisableNotify turns off the LISTEN and doorbell connections; the
+	// relay then only polls, and enqueues wake nobody. Defaults to false.
 	DisableNotify bool
 	// Owner names this relay in leases, hook events and the listener's
 	// application_name; at most OwnerMaxLen bytes. Defaults to

@@ -611,43 +611,58 @@ type ClaimLockedRow struct {
 	Rotated       bool
 }
 
-// ClaimLocked is the at-least-once claim: it locks the batch inside the
-// caller transaction and changes nothing.
+// ClaimLocked is the at-least-once claim: it marks the batch PUBLISHED
+// inside the caller's transaction, which holds the rows until it ends
+// (nobody sees the mark before the commit); the relay undoes the mark of
+// whatever it could not deliver before it commits (MarkFailedLocked). The
+// relay runs it after ClaimFast, for the rest of a batch that the window's
+// heads did not fill.
 //
-// Per-aggregate order (both claims): "heads" are PENDING, available events
-// with no unpublished (PENDING, PUBLISHING or DEAD) event of the same
-// aggregate before them; checking the direct predecessor (seq - 1) is
-// enough, because sequences have no gaps and an event is published only
-// after its predecessor (a purged predecessor was published). A DISCARDED
-// predecessor (an operator's decision, see outbox.Admin.Discard) counts as
-// done, like a PUBLISHED one. Locking a
-// head (FOR UPDATE SKIP LOCKED) gives this relay the whole aggregate:
-// every later event of it has the head as an unpublished predecessor, so
-// no other relay sees it as a head. The claim then extends each head with
-// the contiguous run of PENDING, available events behind it, heads first,
-// so a batch can carry many events of one aggregate without ever skipping
-// one. The head test reads a snapshot that may be stale, but staleness
-// only makes it stricter: an event never goes from PUBLISHED back to
-// unpublished.
+// Per-aggregate order (all four claims): "heads" are PENDING, available
+// events with no unpublished (PENDING, PUBLISHING or DEAD) event of the
+// same aggregate before them; checking the direct predecessor (seq - 1)
+// is enough, because sequences have no gaps and an event is published
+// only after its predecessor (a purged predecessor was published). A
+// DISCARDED predecessor (an operator's decision, see outbox.Admin.Discard)
+// counts as done, like a PUBLISHED one. Locking a head (FOR UPDATE SKIP
+// LOCKED) gives this relay the whole aggregate: every later event of it
+// has the head as an unpublished predecessor, so no other relay sees it as
+// a head. The claim then extends each head with the contiguous run of
+// PENDING, available events behind it, heads first, so a batch can carry
+// many events of one aggregate without ever skipping one. The head test
+// reads a snapshot that may be stale, but staleness only makes it
+// stricter: an event never goes from PUBLISHED back to unpublished.
+//
+// The predecessor check without a lookup per candidate: ids follow
+// sequences within an aggregate (EnqueueTx takes both under the
+// aggregate's counter row lock), so an unpublished predecessor that is not
+// held has a smaller id than its successor and is in the window (the
+// oldest window_size unpublished rows that are not held, by id) whenever
+// the successor is. A candidate from the window is therefore a head when
+// it is its aggregate's first row in the window (hashed: the minimum
+// sequence per aggregate) and its predecessor is not a held row, the one
+// case the window cannot see, probed in outbox_event_held_idx (unpublished
+// held rows: small, and empty while nothing fails). The check does not
+// trust held: a wrong flag either takes a row out of the window (it is
+// then probed as held) or leaves it in (it is then seen in the window), so
+// a stale held flag can delay an event, never reorder one.
 //
 // Finding the heads, in two ways, the second only when the first falls
 // short of the batch; both read only unpublished rows that are not held
 // (events held behind a DEAD or failing event cost nothing):
-//  1. by_id: the oldest batch_size such rows, by id (outbox_event_claim_idx),
-//     that are heads. Cheapest when the oldest events are of different
-//     aggregates (each is its aggregate's head); the window bounds what it
-//     reads when they are not (one aggregate's 100,000 events, other
-//     relays' batches, heads in backoff).
+//  1. by_id: the window's heads, as above. Cheapest when the oldest events
+//     are of different aggregates (each is its aggregate's head); the
+//     window bounds what it reads when they are not (one aggregate's
+//     100,000 events, other relays' batches, heads in backoff). The relay
+//     adapts the window's size (Relay.adaptWindow).
 //  2. by_aggregate: a skip scan of outbox_event_claim_agg_idx, by
 //     (aggregate_type, aggregate_id, aggregate_seq): a recursive CTE takes
 //     each aggregate's first such row with one index descent, so its cost
 //     follows the aggregates it passes, never the events behind their
-//     heads. It starts after the relay's cursor (the aggregate its previous
-//     claim ended at) and wraps around, so that every aggregate gets its
-//     turn, and stops as soon as the batch has its heads.
-//
-// Either way a candidate gets the predecessor check, which does not trust
-// held: a stale held flag can delay an event, never reorder one.
+//     heads; being its aggregate's first such row, a candidate needs only
+//     the held probe. It starts after the relay's cursor (the aggregate its
+//     previous claim ended at) and wraps around, so that every aggregate
+//     gets its turn, and stops as soon as the batch has its heads.
 func (q *Queries) ClaimLocked(ctx context.Context, arg ClaimLockedParams) ([]ClaimLockedRow, error) {
 	rows, err := q.db.Query(ctx, claimLocked,
 		arg.CursorType,
