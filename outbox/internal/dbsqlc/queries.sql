@@ -207,7 +207,7 @@ firsts AS (
     SELECT * FROM up_to_cursor
 ),
 win AS MATERIALIZED (
-    SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
+    SELECT w.id, w.aggregate_type, w.aggregate_id
     FROM outbox_event w
     WHERE w.published_at IS NULL AND NOT w.held
     ORDER BY w.id
@@ -217,16 +217,13 @@ by_id AS (
     SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
     FROM outbox_event o
     WHERE o.id IN (
-        SELECT c.id FROM win c
-        WHERE c.status = 'PENDING' AND c.available_at <= now()
-          AND (c.aggregate_type, c.aggregate_id, c.aggregate_seq) IN (
-              SELECT m.aggregate_type, m.aggregate_id, min(m.aggregate_seq) FROM win m GROUP BY 1, 2)
-          AND NOT EXISTS (
-              SELECT 1 FROM outbox_event p
-              WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
-                AND p.aggregate_seq = c.aggregate_seq - 1
-                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
+        SELECT min(m.id) FROM win m GROUP BY m.aggregate_type, m.aggregate_id)
       AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_event p
+          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+            AND p.aggregate_seq = o.aggregate_seq - 1
+            AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
     FOR UPDATE OF o SKIP LOCKED
@@ -341,7 +338,7 @@ firsts AS (
     SELECT * FROM up_to_cursor
 ),
 win AS MATERIALIZED (
-    SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
+    SELECT w.id, w.aggregate_type, w.aggregate_id
     FROM outbox_event w
     WHERE w.published_at IS NULL AND NOT w.held
       -- This claim's own rows (ClaimLeaseFast's, in this transaction) are
@@ -354,16 +351,13 @@ by_id AS (
     SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
     FROM outbox_event o
     WHERE o.id IN (
-        SELECT c.id FROM win c
-        WHERE c.status = 'PENDING' AND c.available_at <= now()
-          AND (c.aggregate_type, c.aggregate_id, c.aggregate_seq) IN (
-              SELECT m.aggregate_type, m.aggregate_id, min(m.aggregate_seq) FROM win m GROUP BY 1, 2)
-          AND NOT EXISTS (
-              SELECT 1 FROM outbox_event p
-              WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
-                AND p.aggregate_seq = c.aggregate_seq - 1
-                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
+        SELECT min(m.id) FROM win m GROUP BY m.aggregate_type, m.aggregate_id)
       AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_event p
+          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+            AND p.aggregate_seq = o.aggregate_seq - 1
+            AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
     FOR UPDATE OF o SKIP LOCKED
@@ -441,27 +435,25 @@ RETURNING e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.ev
 -- so the full claim sees the events behind them as heads, and the batch
 -- keeps each aggregate's order.
 -- name: ClaimFast :many
-WITH win AS MATERIALIZED (
-    SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
-    FROM outbox_event w
-    WHERE w.published_at IS NULL AND NOT w.held
-    ORDER BY w.id
-    LIMIT sqlc.arg(window_size)::int
-),
-heads AS (
+WITH heads AS (
     SELECT o.id
     FROM outbox_event o
     WHERE o.id IN (
-        SELECT c.id FROM win c
-        WHERE c.status = 'PENDING' AND c.available_at <= now()
-          AND (c.aggregate_type, c.aggregate_id, c.aggregate_seq) IN (
-              SELECT m.aggregate_type, m.aggregate_id, min(m.aggregate_seq) FROM win m GROUP BY 1, 2)
-          AND NOT EXISTS (
-              SELECT 1 FROM outbox_event p
-              WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
-                AND p.aggregate_seq = c.aggregate_seq - 1
-                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
+        -- Each aggregate's first row in the window: its lowest id is its
+        -- lowest sequence.
+        SELECT min(w.id) FROM (
+            SELECT w.id, w.aggregate_type, w.aggregate_id
+            FROM outbox_event w
+            WHERE w.published_at IS NULL AND NOT w.held
+            ORDER BY w.id
+            LIMIT sqlc.arg(window_size)::int) w
+        GROUP BY w.aggregate_type, w.aggregate_id)
       AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_event p
+          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+            AND p.aggregate_seq = o.aggregate_seq - 1
+            AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
     FOR UPDATE OF o SKIP LOCKED
@@ -474,27 +466,25 @@ RETURNING e.id, e.topic, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.ev
           e.payload, e.headers, e.attempts, e.created_at;
 
 -- name: ClaimLeaseFast :many
-WITH win AS MATERIALIZED (
-    SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
-    FROM outbox_event w
-    WHERE w.published_at IS NULL AND NOT w.held
-    ORDER BY w.id
-    LIMIT sqlc.arg(window_size)::int
-),
-heads AS (
+WITH heads AS (
     SELECT o.id
     FROM outbox_event o
     WHERE o.id IN (
-        SELECT c.id FROM win c
-        WHERE c.status = 'PENDING' AND c.available_at <= now()
-          AND (c.aggregate_type, c.aggregate_id, c.aggregate_seq) IN (
-              SELECT m.aggregate_type, m.aggregate_id, min(m.aggregate_seq) FROM win m GROUP BY 1, 2)
-          AND NOT EXISTS (
-              SELECT 1 FROM outbox_event p
-              WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
-                AND p.aggregate_seq = c.aggregate_seq - 1
-                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
+        -- Each aggregate's first row in the window: its lowest id is its
+        -- lowest sequence.
+        SELECT min(w.id) FROM (
+            SELECT w.id, w.aggregate_type, w.aggregate_id
+            FROM outbox_event w
+            WHERE w.published_at IS NULL AND NOT w.held
+            ORDER BY w.id
+            LIMIT sqlc.arg(window_size)::int) w
+        GROUP BY w.aggregate_type, w.aggregate_id)
       AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_event p
+          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+            AND p.aggregate_seq = o.aggregate_seq - 1
+            AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
     FOR UPDATE OF o SKIP LOCKED

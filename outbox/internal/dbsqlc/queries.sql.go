@@ -73,27 +73,25 @@ func (q *Queries) BlockAggregates(ctx context.Context, arg BlockAggregatesParams
 }
 
 const claimFast = `-- name: ClaimFast :many
-WITH win AS MATERIALIZED (
-    SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
-    FROM outbox_event w
-    WHERE w.published_at IS NULL AND NOT w.held
-    ORDER BY w.id
-    LIMIT $1::int
-),
-heads AS (
+WITH heads AS (
     SELECT o.id
     FROM outbox_event o
     WHERE o.id IN (
-        SELECT c.id FROM win c
-        WHERE c.status = 'PENDING' AND c.available_at <= now()
-          AND (c.aggregate_type, c.aggregate_id, c.aggregate_seq) IN (
-              SELECT m.aggregate_type, m.aggregate_id, min(m.aggregate_seq) FROM win m GROUP BY 1, 2)
-          AND NOT EXISTS (
-              SELECT 1 FROM outbox_event p
-              WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
-                AND p.aggregate_seq = c.aggregate_seq - 1
-                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
+        -- Each aggregate's first row in the window: its lowest id is its
+        -- lowest sequence.
+        SELECT min(w.id) FROM (
+            SELECT w.id, w.aggregate_type, w.aggregate_id
+            FROM outbox_event w
+            WHERE w.published_at IS NULL AND NOT w.held
+            ORDER BY w.id
+            LIMIT $1::int) w
+        GROUP BY w.aggregate_type, w.aggregate_id)
       AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_event p
+          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+            AND p.aggregate_seq = o.aggregate_seq - 1
+            AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
     ORDER BY o.id
     LIMIT $2::int
     FOR UPDATE OF o SKIP LOCKED
@@ -207,7 +205,7 @@ firsts AS (
     SELECT id, aggregate_type, aggregate_id, status, available_at FROM up_to_cursor
 ),
 win AS MATERIALIZED (
-    SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
+    SELECT w.id, w.aggregate_type, w.aggregate_id
     FROM outbox_event w
     WHERE w.published_at IS NULL AND NOT w.held
       -- This claim's own rows (ClaimLeaseFast's, in this transaction) are
@@ -220,16 +218,13 @@ by_id AS (
     SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
     FROM outbox_event o
     WHERE o.id IN (
-        SELECT c.id FROM win c
-        WHERE c.status = 'PENDING' AND c.available_at <= now()
-          AND (c.aggregate_type, c.aggregate_id, c.aggregate_seq) IN (
-              SELECT m.aggregate_type, m.aggregate_id, min(m.aggregate_seq) FROM win m GROUP BY 1, 2)
-          AND NOT EXISTS (
-              SELECT 1 FROM outbox_event p
-              WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
-                AND p.aggregate_seq = c.aggregate_seq - 1
-                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
+        SELECT min(m.id) FROM win m GROUP BY m.aggregate_type, m.aggregate_id)
       AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_event p
+          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+            AND p.aggregate_seq = o.aggregate_seq - 1
+            AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
     ORDER BY o.id
     LIMIT $6::int
     FOR UPDATE OF o SKIP LOCKED
@@ -371,27 +366,25 @@ func (q *Queries) ClaimLease(ctx context.Context, arg ClaimLeaseParams) ([]Claim
 }
 
 const claimLeaseFast = `-- name: ClaimLeaseFast :many
-WITH win AS MATERIALIZED (
-    SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
-    FROM outbox_event w
-    WHERE w.published_at IS NULL AND NOT w.held
-    ORDER BY w.id
-    LIMIT $3::int
-),
-heads AS (
+WITH heads AS (
     SELECT o.id
     FROM outbox_event o
     WHERE o.id IN (
-        SELECT c.id FROM win c
-        WHERE c.status = 'PENDING' AND c.available_at <= now()
-          AND (c.aggregate_type, c.aggregate_id, c.aggregate_seq) IN (
-              SELECT m.aggregate_type, m.aggregate_id, min(m.aggregate_seq) FROM win m GROUP BY 1, 2)
-          AND NOT EXISTS (
-              SELECT 1 FROM outbox_event p
-              WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
-                AND p.aggregate_seq = c.aggregate_seq - 1
-                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
+        -- Each aggregate's first row in the window: its lowest id is its
+        -- lowest sequence.
+        SELECT min(w.id) FROM (
+            SELECT w.id, w.aggregate_type, w.aggregate_id
+            FROM outbox_event w
+            WHERE w.published_at IS NULL AND NOT w.held
+            ORDER BY w.id
+            LIMIT $3::int) w
+        GROUP BY w.aggregate_type, w.aggregate_id)
       AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_event p
+          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+            AND p.aggregate_seq = o.aggregate_seq - 1
+            AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
     ORDER BY o.id
     LIMIT $4::int
     FOR UPDATE OF o SKIP LOCKED
@@ -503,7 +496,7 @@ firsts AS (
     SELECT id, aggregate_type, aggregate_id, status, available_at FROM up_to_cursor
 ),
 win AS MATERIALIZED (
-    SELECT w.id, w.aggregate_type, w.aggregate_id, w.aggregate_seq, w.status, w.available_at
+    SELECT w.id, w.aggregate_type, w.aggregate_id
     FROM outbox_event w
     WHERE w.published_at IS NULL AND NOT w.held
     ORDER BY w.id
@@ -513,16 +506,13 @@ by_id AS (
     SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, false AS rotated
     FROM outbox_event o
     WHERE o.id IN (
-        SELECT c.id FROM win c
-        WHERE c.status = 'PENDING' AND c.available_at <= now()
-          AND (c.aggregate_type, c.aggregate_id, c.aggregate_seq) IN (
-              SELECT m.aggregate_type, m.aggregate_id, min(m.aggregate_seq) FROM win m GROUP BY 1, 2)
-          AND NOT EXISTS (
-              SELECT 1 FROM outbox_event p
-              WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
-                AND p.aggregate_seq = c.aggregate_seq - 1
-                AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED'))
+        SELECT min(m.id) FROM win m GROUP BY m.aggregate_type, m.aggregate_id)
       AND o.published_at IS NULL AND NOT o.held AND o.status = 'PENDING' AND o.available_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_event p
+          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+            AND p.aggregate_seq = o.aggregate_seq - 1
+            AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
     ORDER BY o.id
     LIMIT $4::int
     FOR UPDATE OF o SKIP LOCKED
