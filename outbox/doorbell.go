@@ -28,7 +28,7 @@ const (
 
 // busyPoll spaces the polls of a relay that could not arm because enqueues
 // were in flight: traffic, so the next claim will likely find it.
-var busyPoll = busyPolicy{min: time.Millisecond, max: 64 * time.Millisecond}
+var busyPoll = busyPolicy{min: time.Millisecond, max: 16 * time.Millisecond}
 
 // busyPolicy doubles from min to max, without jitter: the relay is alone
 // with this delay (no herd to spread), and the delay bounds latency.

@@ -150,7 +150,7 @@ func (r *Relay) emit(ctx context.Context, e RelayEvent) context.Context {
 //     last look may have found this relay's aggregates locked by the batch
 //     just finished, and sleeps if it finds nothing;
 //   - busy (an enqueue that rang no bell is uncommitted): it polls again
-//     after a short, growing delay.
+//     after a short, growing delay (1 to 16 ms).
 //
 // So a relay sleeps only after a claim that found nothing and began after
 // it, or another relay, was armed; an event that claim could not take was
