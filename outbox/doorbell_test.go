@@ -317,3 +317,47 @@ func TestDoorbellArmedRelayRingsWhenItStops(t *testing.T) {
 	enqueue(t, db.Pool, msg("y", 1))
 	eventually(t, "y-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "y-1") })
 }
+
+// The claim's predecessor check rests on this: within an aggregate, ids
+// follow sequences (EnqueueTx takes both under the aggregate's counter row
+// lock). Interleaved aggregates in one statement, single events, and
+// concurrent transactions on the same aggregates: for every aggregate,
+// ordering its events by id orders them by sequence.
+func TestEnqueueIdsFollowSequences(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, testdb.MaxConns(16))
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				var msgs []outbox.Message
+				for k := range 1 + (w+i)%4 { // one to four events, aggregates interleaved
+					m := msg([]string{"a", "b", "c"}[(w+i+k)%3], 0)
+					m.EventID = ""
+					msgs = append(msgs, m)
+				}
+				if _, err := outbox.Enqueue(ctx, db.Pool, msgs...); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var bad int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM (
+		SELECT aggregate_seq, lag(aggregate_seq) OVER (PARTITION BY aggregate_type, aggregate_id ORDER BY id) AS prev
+		FROM outbox_event) x WHERE prev IS NOT NULL AND aggregate_seq <> prev + 1`).Scan(&bad); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM outbox_event").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if bad != 0 || n == 0 {
+		t.Fatalf("%d of %d events do not follow their predecessor by id", bad, n)
+	}
+}
