@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/failpoint"
 	"github.com/idemkit/idem/internal/testdb"
 )
 
@@ -43,13 +44,19 @@ func TestChaosUnsafeLayersAreCaught(t *testing.T) {
 			want: []string{"double-charge", "orphan-charge"},
 		},
 		{
-			// SIGKILLs leave polled records uncommitted; paysim dropping
-			// half its answers (a charge whose answer is lost is retried
-			// inside the call) keeps charges in hand longer. Each
-			// redelivery runs the consumers again, under a new charge key.
+			// Redeliveries are what the inbox stops, so the run makes
+			// sure of some: kills aimed at the two windows that leave a
+			// handled record uncommitted (its transaction committed, or
+			// the provider's answer in hand, and the offset not), twice
+			// each. Random SIGKILLs alone could all land between records
+			// (seen: a run with 4 kills and 0 redeliveries). paysim
+			// dropping half its answers keeps charges in hand longer.
+			// Each redelivery runs the consumers again, under a new
+			// charge key.
 			name: UnsafeInbox,
 			cfg: Config{Orders: 20, Payments: 40, Instances: 2, Kills: 4, DropRate: 0.5,
-				LoadDuration: 8 * time.Second},
+				LoadDuration: 8 * time.Second, Failpoints: true, FailpointHits: 2,
+				FailpointWindows: []string{failpoint.ConsumerDBCommitted, failpoint.ChargerProviderAnswered}},
 			want: []string{"double-charge", "orphan-charge"},
 		},
 		{
