@@ -38,7 +38,7 @@ type visibility struct {
 // the snapshot while a transaction is not visible yet; the pause doubles
 // from the first to the second.
 const (
-	visiblePollMin = time.Millisecond
+	visiblePollMin = 100 * time.Microsecond
 	visiblePollMax = 100 * time.Millisecond
 )
 
