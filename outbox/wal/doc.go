@@ -10,6 +10,14 @@
 //
 //   - Atomic with the transaction: a message is decoded only when its
 //     transaction commits, never after a rollback.
+//   - Visible before published: an event is published only once its
+//     transaction is visible to a new snapshot on the server, so a
+//     consumer that reads what the transaction wrote finds it. The slot
+//     can hand a commit over before that (the server flushes the commit
+//     record before it takes the transaction out of the running set; a
+//     commit waiting for a synchronous standby stays in between), so the
+//     relay looks at pg_current_snapshot() on a plain connection of its
+//     own before each publish attempt, and waits.
 //   - Commit order: the relay receives transactions in commit order and a
 //     transaction's events in write order, a total order over the
 //     database; it publishes them in that order, per aggregate across
@@ -63,7 +71,8 @@
 //
 // Relay throughput. The table relay claims, publishes and marks rows, a
 // few statements per batch; the WAL relay decodes a stream that
-// PostgreSQL pushes and confirms a position, no statement at all. `idem
+// PostgreSQL pushes and confirms a position, with one read-only
+// statement per publish attempt (the visibility look). `idem
 // bench wal` reports wal-floor (decoded and confirmed, no publish) and wal
 // (commit to Kafka ack) beside the table relay's at-least-once.
 //

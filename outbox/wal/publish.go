@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/idemkit/idem/internal/startstop"
@@ -112,10 +113,34 @@ func (r *Relay) attempt(ctx context.Context, p *progress) {
 	for i := range p.inflight {
 		events[i] = p.inflight[i].ev
 	}
+	var xids []uint32
+	for _, i := range todo {
+		if x := p.inflight[i].xid; !slices.Contains(xids, x) {
+			xids = append(xids, x)
+		}
+	}
 	r.mu.Unlock()
 
 	bctx = r.emit(bctx, outbox.RelayEvent{Kind: outbox.RelayBatchBegin})
 	r.emit(bctx, outbox.RelayEvent{Kind: outbox.RelayBatchClaimed, Count: len(todo), Events: infos(events, todo, nil)})
+
+	// Nothing is published before its transaction is visible to a new
+	// snapshot: the slot can hand over a commit before the server shows
+	// it (see visibility). The wait is bounded by the attempt's timeout;
+	// past it, or when the server cannot be asked, the attempt fails
+	// whole and is retried like a failed publish.
+	err := p.vis.await(bctx, xids, func(n int) {
+		r.log.DebugContext(bctx, "outbox/wal relay waits for decoded transactions to become visible", "transactions", n, "slot", r.cfg.Slot, "owner", r.cfg.Owner)
+	})
+	if err != nil {
+		errs := make([]error, len(todo))
+		for j := range errs {
+			errs[j] = err
+		}
+		r.emit(bctx, outbox.RelayEvent{Kind: outbox.RelayFailed, Count: len(todo), Err: err, Events: infos(events, todo, errs)})
+		r.emit(bctx, outbox.RelayEvent{Kind: outbox.RelayBatchDone, Count: len(todo), Failed: len(todo), Duration: time.Since(start), Err: err})
+		return
+	}
 
 	held := map[aggKey]bool{}
 	var published, failed, heldN, calls int

@@ -29,7 +29,10 @@ import (
 // Stop (soft) and HardStop, each safe to call twice, concurrently and
 // before Start.
 type Relay struct {
-	connCfg    *pgconn.Config
+	connCfg *pgconn.Config
+	// plainCfg is connCfg without replication: the connection that
+	// checks that a decoded transaction is visible (visible.go).
+	plainCfg   *pgconn.Config
 	connString string
 	pub        outbox.Publisher
 	check      outbox.Checker
@@ -61,10 +64,15 @@ func NewRelay(connString string, pub outbox.Publisher, cfg *Config) (*Relay, err
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	plain, err := pgconn.ParseConfig(connString)
+	if err != nil {
+		return nil, fmt.Errorf("%w: connection string: %v", ErrInvalidConfig, errors.Unwrap(err))
+	}
 	cc.RuntimeParams["replication"] = "database"
 	cc.RuntimeParams["application_name"] = "idem-wal-relay " + c.Owner
+	plain.RuntimeParams["application_name"] = "idem-wal-relay " + c.Owner
 	r := &Relay{
-		connCfg: cc, connString: connString, pub: pub, cfg: c, log: c.Logger,
+		connCfg: cc, plainCfg: plain, connString: connString, pub: pub, cfg: c, log: c.Logger,
 		backoff: backoff.Policy{Min: c.BackoffMin, Max: c.BackoffMax},
 	}
 	r.check, _ = pub.(outbox.Checker)
@@ -252,6 +260,9 @@ type pending struct {
 	end pglogrepl.LSN
 	// last marks the last event of its transaction.
 	last bool
+	// xid is its transaction's id (32 bits, as pgoutput's Begin gives
+	// it): the publisher waits until the transaction is visible.
+	xid uint32
 }
 
 // progress is what one stream's reader and publisher share, under
@@ -272,6 +283,8 @@ type progress struct {
 	space chan struct{} // the publisher took events
 	// serverEnd is the server's WAL end from the last message.
 	serverEnd pglogrepl.LSN
+	// vis is the publisher's own: no lock.
+	vis *visibility
 }
 
 // confirmable is the position the relay may confirm: the last delivered
@@ -313,7 +326,7 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn) (acquired bool,
 		return false, err
 	}
 	r.emit(ctx, outbox.RelayEvent{Kind: outbox.RelaySlotAcquired})
-	p := &progress{kick: make(chan struct{}, 1), space: make(chan struct{}, 1)}
+	p := &progress{kick: make(chan struct{}, 1), space: make(chan struct{}, 1), vis: &visibility{cfg: r.plainCfg}}
 	r.mu.Lock()
 	r.prog = p
 	r.mu.Unlock()
@@ -331,6 +344,7 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn) (acquired bool,
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer p.vis.close()
 		r.publishLoop(pubCtx, p)
 	}()
 
@@ -360,6 +374,7 @@ func (r *Relay) read(ctx context.Context, conn *pgconn.PgConn, p *progress) erro
 		tx           []pending // the open transaction's events
 		inTx         bool
 		txTime       time.Time
+		txXid        uint32
 		lastStatus   time.Time
 		readDeadline time.Time
 	)
@@ -464,7 +479,7 @@ func (r *Relay) read(ctx context.Context, conn *pgconn.PgConn, p *progress) erro
 			}
 			switch m := lm.(type) {
 			case *pglogrepl.BeginMessage:
-				inTx, txTime, tx = true, m.CommitTime, tx[:0]
+				inTx, txTime, txXid, tx = true, m.CommitTime, m.Xid, tx[:0]
 			case *pglogrepl.LogicalDecodingMessage:
 				if m.Prefix != r.cfg.Prefix || !m.Transactional {
 					continue
@@ -473,7 +488,7 @@ func (r *Relay) read(ctx context.Context, conn *pgconn.PgConn, p *progress) erro
 				if err != nil {
 					return fmt.Errorf("%w at %s", err, m.LSN)
 				}
-				tx = append(tx, pending{ev: outbox.Event{Message: msg, ID: int64(m.LSN), CreatedAt: txTime}})
+				tx = append(tx, pending{ev: outbox.Event{Message: msg, ID: int64(m.LSN), CreatedAt: txTime}, xid: txXid})
 			case *pglogrepl.CommitMessage:
 				inTx = false
 				r.mu.Lock()
