@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/outbox/internal/dbsqlc"
 )
 
@@ -27,23 +28,11 @@ const (
 )
 
 // busyPoll spaces the polls of a relay that could not arm because enqueues
-// were in flight: traffic, so the next claim will likely find it.
-var busyPoll = busyPolicy{min: time.Millisecond, max: 16 * time.Millisecond}
-
-// busyPolicy doubles from min to max, without jitter: the relay is alone
-// with this delay (no herd to spread), and the delay bounds latency.
-type busyPolicy struct{ min, max time.Duration }
-
-func (p busyPolicy) Delay(n int) time.Duration {
-	d := p.min
-	for range n {
-		if d >= p.max {
-			return p.max
-		}
-		d *= 2
-	}
-	return min(d, p.max)
-}
+// were in flight: traffic, so the next claim will likely find it. The
+// relay waits the policy's ceiling (doubling from Min to Max), without the
+// jitter of Delay: it is alone with this delay (no herd to spread), and the
+// delay bounds latency.
+var busyPoll = backoff.Policy{Min: time.Millisecond, Max: 16 * time.Millisecond}
 
 // doorbell is the relay loop's session for the doorbell locks: session
 // advisory locks, so a connection of their own, taken from the pool and

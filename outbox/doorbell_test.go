@@ -361,3 +361,35 @@ func TestEnqueueIdsFollowSequences(t *testing.T) {
 		t.Fatalf("%d of %d events do not follow their predecessor by id", bad, n)
 	}
 }
+
+// A cut doorbell connection (its backend terminated while the relay sleeps
+// armed) drops the lock, so enqueues stop ringing: the relay finds the
+// event at its next poll, the failed disarm closes the dead connection,
+// and the next arm opens another, so the bell works again.
+func TestDoorbellConnectionCutRearms(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	rec := newRecorder()
+	owner := uniqueOwner("cut")
+	r := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: 300 * time.Millisecond, Owner: owner})
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bellPID := func() int {
+		var pid int
+		_ = db.Pool.QueryRow(ctx, `SELECT coalesce(max(l.pid), 0) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+			WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock'
+			  AND l.classid = 1768189184 AND l.objid = 'outbox_event'::regclass::oid
+			  AND a.application_name = $1`, outbox.DoorbellApplicationName(owner)).Scan(&pid)
+		return pid
+	}
+	var pid int
+	eventually(t, "armed", func() bool { pid = bellPID(); return pid != 0 })
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, db.Pool, msg("c", 1)) // rings nobody: the lock went with the backend
+	eventually(t, "c-1 delivered by the poll", func() bool { return slices.Contains(rec.deliveredIDs(), "c-1") })
+	eventually(t, "armed again on another connection", func() bool { p := bellPID(); return p != 0 && p != pid })
+}

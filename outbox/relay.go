@@ -194,8 +194,8 @@ func (r *Relay) loop(ctx context.Context) {
 				looked = true
 				continue
 			case bellBusy:
-				wait = min(wait, busyPoll.Delay(busy))
 				busy++
+				wait = min(wait, busyPoll.Ceiling(busy))
 			}
 		}
 		looked = false
@@ -275,45 +275,29 @@ func (r *Relay) batchAtLeastOnce(ctx context.Context) (b result) {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	q := r.q.WithTx(tx)
-	cur, win := r.claimCursor()
-	// The window's heads first (ClaimFast), the full claim for the rest
-	// only when they fall short (see ClaimFast in the queries).
-	fast, err := q.ClaimFast(ctx, dbsqlc.ClaimFastParams{WindowSize: int32(win), BatchSize: int32(r.cfg.BatchSize)})
+	events, err := r.claim(ctx,
+		func(win int) ([]dbsqlc.ClaimFastRow, error) {
+			return q.ClaimFast(ctx, dbsqlc.ClaimFastParams{WindowSize: int32(win), BatchSize: int32(r.cfg.BatchSize)})
+		},
+		func(cur aggregateKey, win, n int) ([]dbsqlc.ClaimLeaseRow, error) {
+			rows, err := q.ClaimLocked(ctx, dbsqlc.ClaimLockedParams{
+				CursorType: cur.typ, CursorID: cur.id, BatchSize: int32(n), WindowSize: int32(win),
+			})
+			out := make([]dbsqlc.ClaimLeaseRow, len(rows))
+			for i, row := range rows {
+				out[i] = dbsqlc.ClaimLeaseRow(row)
+			}
+			return out, err
+		})
 	if err != nil {
 		b.err = fmt.Errorf("outbox: claim: %w", err)
 		return b
 	}
-	rows := make([]dbsqlc.ClaimLeaseRow, len(fast), r.cfg.BatchSize)
-	for i, row := range fast {
-		rows[i] = leaseRow(dbsqlc.ClaimFastRow(row), false)
-	}
-	if len(fast) < r.cfg.BatchSize {
-		more, err := q.ClaimLocked(ctx, dbsqlc.ClaimLockedParams{
-			CursorType: cur.typ, CursorID: cur.id, BatchSize: int32(r.cfg.BatchSize - len(fast)), WindowSize: int32(win),
-		})
-		if err != nil {
-			b.err = fmt.Errorf("outbox: claim: %w", err)
-			return b
-		}
-		for _, row := range more {
-			rows = append(rows, dbsqlc.ClaimLeaseRow(row))
-		}
-	}
-	if len(rows) == 0 {
+	if len(events) == 0 {
 		b.err = tx.Commit(ctx)
 		return b
 	}
-	b.claimed = len(rows)
-	events := make([]Event, len(rows))
-	rotated := make([]bool, len(rows))
-	for i, row := range rows {
-		events[i] = eventFrom(row)
-		events[i].Attempts-- // the claim counted this attempt already
-		rotated[i] = row.Rotated
-	}
-	r.advanceCursor(cur, events, rotated)
-	r.adaptWindow(win, rotated)
-	sortEvents(events)
+	b.claimed = len(events)
 	r.emitClaimed(ctx, events, time.Since(t0))
 	// The claim marked the batch PUBLISHED in this transaction, which holds
 	// the rows until it ends: nobody else sees the mark before the commit,
@@ -396,21 +380,15 @@ func (r *Relay) batchTwoPhase(ctx context.Context) (b result) {
 	t0 := time.Now()
 	// Phase 1: the claim commits on its own; from here the rows are
 	// PUBLISHING under (owner, token) and no transaction is open.
-	rows, err := r.claimLease(ctx, token)
+	events, err := r.claimLease(ctx, token)
 	if err != nil {
 		b.err = fmt.Errorf("outbox: claim: %w", err)
 		return b
 	}
-	if len(rows) == 0 {
+	if len(events) == 0 {
 		return b
 	}
-	b.claimed = len(rows)
-	events := make([]Event, len(rows))
-	for i, row := range rows {
-		events[i] = eventFrom(row)
-		events[i].Attempts-- // the claim counted this attempt already
-	}
-	sortEvents(events)
+	b.claimed = len(events)
 	r.emitClaimed(ctx, events, time.Since(t0))
 	// Crash window: the lease is committed, nothing is published. The rows
 	// stay PUBLISHING; after LeaseTTL the reaper returns them to PENDING
@@ -485,11 +463,11 @@ func (r *Relay) batchTwoPhase(ctx context.Context) (b result) {
 		}
 	}
 	r.emitDead(ctx, events, dead)
-	if int(marked) < len(rows) {
-		lost := len(rows) - int(marked)
-		b.err = fmt.Errorf("%w: %d of %d events were reaped before the batch finished", ErrLeaseLost, lost, len(rows))
+	if int(marked) < len(events) {
+		lost := len(events) - int(marked)
+		b.err = fmt.Errorf("%w: %d of %d events were reaped before the batch finished", ErrLeaseLost, lost, len(events))
 		r.log.WarnContext(ctx, "outbox relay lost its lease; the new owner's result stands",
-			"owner", r.cfg.Owner, "events", len(rows), "marked", marked)
+			"owner", r.cfg.Owner, "events", len(events), "marked", marked)
 		r.emit(ctx, RelayEvent{Kind: RelayLeaseLost, Count: lost, Err: b.err})
 		return b
 	}
@@ -504,7 +482,7 @@ func (r *Relay) batchTwoPhase(ctx context.Context) (b result) {
 // mark then changes nothing (an at-least-once duplicate at worst). The
 // mark that follows commits synchronously and flushes the claim's WAL with
 // its own. It saves one WAL flush per batch.
-func (r *Relay) claimLease(ctx context.Context, token int64) ([]dbsqlc.ClaimLeaseRow, error) {
+func (r *Relay) claimLease(ctx context.Context, token int64) ([]Event, error) {
 	// One round trip for both: BeginQuery goes out as a simple-protocol
 	// query.
 	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginClaim + "; SET LOCAL synchronous_commit = off"})
@@ -512,40 +490,71 @@ func (r *Relay) claimLease(ctx context.Context, token int64) ([]dbsqlc.ClaimLeas
 		return nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	cur, win := r.claimCursor()
 	q := r.q.WithTx(tx)
-	fast, err := q.ClaimLeaseFast(ctx, dbsqlc.ClaimLeaseFastParams{
-		Owner: r.cfg.Owner, Token: token, WindowSize: int32(win), BatchSize: int32(r.cfg.BatchSize),
-	})
+	events, err := r.claim(ctx,
+		func(win int) ([]dbsqlc.ClaimFastRow, error) {
+			rows, err := q.ClaimLeaseFast(ctx, dbsqlc.ClaimLeaseFastParams{
+				Owner: r.cfg.Owner, Token: token, WindowSize: int32(win), BatchSize: int32(r.cfg.BatchSize),
+			})
+			out := make([]dbsqlc.ClaimFastRow, len(rows))
+			for i, row := range rows {
+				out[i] = dbsqlc.ClaimFastRow(row)
+			}
+			return out, err
+		},
+		func(cur aggregateKey, win, n int) ([]dbsqlc.ClaimLeaseRow, error) {
+			return q.ClaimLease(ctx, dbsqlc.ClaimLeaseParams{
+				Owner: r.cfg.Owner, Token: token, BatchSize: int32(n), WindowSize: int32(win),
+				CursorType: cur.typ, CursorID: cur.id,
+			})
+		})
 	if err != nil {
 		return nil, err
-	}
-	rows := make([]dbsqlc.ClaimLeaseRow, len(fast), r.cfg.BatchSize)
-	for i, row := range fast {
-		rows[i] = leaseRow(dbsqlc.ClaimFastRow(row), false)
-	}
-	if len(fast) < r.cfg.BatchSize {
-		more, err := q.ClaimLease(ctx, dbsqlc.ClaimLeaseParams{
-			Owner: r.cfg.Owner, Token: token, BatchSize: int32(r.cfg.BatchSize - len(fast)), WindowSize: int32(win),
-			CursorType: cur.typ, CursorID: cur.id,
-		})
-		if err != nil {
-			return nil, err
-		}
-		rows = append(rows, more...)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, err
 	}
-	events := make([]Event, len(rows))
-	rotated := make([]bool, len(rows))
-	for i, row := range rows {
-		events[i] = eventFrom(row)
-		rotated[i] = row.Rotated
+	return events, nil
+}
+
+// claim runs a batch's claim in the caller's transaction: fast (the
+// window's heads, ClaimFast or ClaimLeaseFast) and, when that falls short
+// of the batch, full (ClaimLocked or ClaimLease) for the rest, which sees
+// the heads just taken as done and the events behind them as heads. It
+// returns the events in delivery order with Attempts as they were before
+// this claim (which counted one), moves the cursor and adapts the window.
+func (r *Relay) claim(ctx context.Context,
+	fast func(win int) ([]dbsqlc.ClaimFastRow, error),
+	full func(cur aggregateKey, win, n int) ([]dbsqlc.ClaimLeaseRow, error),
+) ([]Event, error) {
+	cur, win := r.claimCursor()
+	heads, err := fast(win)
+	if err != nil {
+		return nil, err
+	}
+	events := make([]Event, 0, r.cfg.BatchSize)
+	rotated := make([]bool, 0, r.cfg.BatchSize)
+	for _, row := range heads {
+		events = append(events, eventFrom(leaseRow(row)))
+		rotated = append(rotated, false)
+	}
+	if n := r.cfg.BatchSize - len(events); n > 0 {
+		rest, err := full(cur, win, n)
+		if err != nil {
+			return nil, err
+		}
+		for _, row := range rest {
+			events = append(events, eventFrom(row))
+			rotated = append(rotated, row.Rotated)
+		}
+	}
+	for i := range events {
+		events[i].Attempts--
 	}
 	r.advanceCursor(cur, events, rotated)
 	r.adaptWindow(win, rotated)
-	return rows, nil
+	sortEvents(events)
+	return events, nil
 }
 
 // markFailedLease runs MarkFailedLease; with aggregates to block or
@@ -652,12 +661,13 @@ func randomToken() int64 {
 	return int64(binary.LittleEndian.Uint64(b[:]) >> 1)
 }
 
-// leaseRow is a fast claim's row in the full claims' shape.
-func leaseRow(row dbsqlc.ClaimFastRow, rotated bool) dbsqlc.ClaimLeaseRow {
+// leaseRow is a fast claim's row in the full claims' shape (a fast claim
+// never walks the aggregates: Rotated is false).
+func leaseRow(row dbsqlc.ClaimFastRow) dbsqlc.ClaimLeaseRow {
 	return dbsqlc.ClaimLeaseRow{
 		ID: row.ID, Topic: row.Topic, AggregateType: row.AggregateType, AggregateID: row.AggregateID,
 		AggregateSeq: row.AggregateSeq, EventID: row.EventID, EventType: row.EventType, Payload: row.Payload,
-		Headers: row.Headers, Attempts: row.Attempts, CreatedAt: row.CreatedAt, Rotated: rotated,
+		Headers: row.Headers, Attempts: row.Attempts, CreatedAt: row.CreatedAt,
 	}
 }
 
