@@ -148,7 +148,9 @@
 // serialize those commits server-wide. Arming, the last claim and the
 // protocol's corners (another relay armed, an armed relay stopping) are in
 // doorbell.go and Relay.loop; TestDoorbell* prove that no event waits for
-// the poll interval.
+// the poll interval while the doorbell's connection is up. A cut doorbell
+// connection drops its lock with it: until the relay next wakes (at most
+// PollInterval) enqueues ring nobody, and the next arm reconnects.
 //
 // Observation: RelayConfig.Hook receives a RelayEvent for each batch
 // (begin, claimed, published, failed, dead, lease lost, done), for the

@@ -244,21 +244,44 @@ func TestDoorbellOtherArmedStillLooks(t *testing.T) {
 	slow.entered = make(chan []outbox.Event, 1)
 	slow.release = make(chan struct{})
 	fast := newRecorder()
-	armedBy := armedBy(t, db)
-	o1, o2 := uniqueOwner("r1"), uniqueOwner("r2")
-	r1 := newRelay(t, db, slow, outbox.RelayConfig{PollInterval: time.Hour, Owner: o1})
+	// Each relay says when it goes to sleep armed: relay 1 must be asleep
+	// (not in its last look, which would take x-1 while still armed) when
+	// x-1 rings it, and relay 2 asleep armed before relay 1 finishes.
+	sleptArmed := func(r *outbox.Relay) chan struct{} {
+		c := make(chan struct{}, 64)
+		outbox.OnSleep(r, func(armed bool) {
+			if armed {
+				select {
+				case c <- struct{}{}:
+				default:
+				}
+			}
+		})
+		return c
+	}
+	wait := func(c chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-c:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+	r1 := newRelay(t, db, slow, outbox.RelayConfig{PollInterval: time.Hour, Owner: uniqueOwner("r1")})
+	asleep1 := sleptArmed(r1)
 	if err := r1.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "relay 1 armed", armedBy(o1))
+	wait(asleep1, "relay 1 asleep armed")
 	enqueue(t, db.Pool, msg("x", 1)) // rings relay 1 awake
-	<-slow.entered                   // relay 1 holds x-1
+	<-slow.entered                   // relay 1 holds x-1, disarmed
 	enqueue(t, db.Pool, msg("x", 2)) // nobody armed: no bell
-	r2 := newRelay(t, db, fast, outbox.RelayConfig{PollInterval: time.Hour, Owner: o2})
+	r2 := newRelay(t, db, fast, outbox.RelayConfig{PollInterval: time.Hour, Owner: uniqueOwner("r2")})
+	asleep2 := sleptArmed(r2)
 	if err := r2.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "relay 2 armed", armedBy(o2))
+	wait(asleep2, "relay 2 asleep armed")
 	close(slow.release)
 	eventually(t, "x-2 delivered", func() bool {
 		return slices.Contains(slow.deliveredIDs(), "x-2") || slices.Contains(fast.deliveredIDs(), "x-2")

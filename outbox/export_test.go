@@ -19,3 +19,7 @@ func DisarmDoorbell(ctx context.Context, db dbsqlc.DBTX) error {
 
 // BeginClaim is the statement that opens a claim's transaction.
 const BeginClaim = beginClaim
+
+// OnSleep makes r call f as its loop goes to sleep (armed: holding the
+// doorbell). Set it before Start.
+func OnSleep(r *Relay, f func(armed bool)) { r.onSleep = f }

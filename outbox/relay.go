@@ -46,6 +46,9 @@ type Relay struct {
 	// listening is true while the LISTEN connection is up: only then is
 	// arming the doorbell worth anything.
 	listening atomic.Bool
+	// onSleep, set by tests before Start, is called as the loop goes to
+	// sleep, saying whether it sleeps armed.
+	onSleep func(armed bool)
 
 	// cursor is the aggregate the last claim ended at: the next claim
 	// looks at the aggregates after it first, then wraps around, so that
@@ -199,6 +202,9 @@ func (r *Relay) loop(ctx context.Context) {
 			}
 		}
 		looked = false
+		if r.onSleep != nil {
+			r.onSleep(armed)
+		}
 		poll.Reset(wait)
 		select {
 		case <-ctx.Done():
