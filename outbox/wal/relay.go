@@ -190,7 +190,9 @@ func (r *Relay) setup(ctx context.Context, conn *pgconn.PgConn) error {
 	}
 	if len(res[0].Rows) == 0 {
 		// Creating a logical slot waits for the transactions running at
-		// that moment to end (it needs a consistent snapshot).
+		// that moment to end (it needs a consistent snapshot): say so, as
+		// one long transaction anywhere in the cluster stalls the start.
+		r.log.Info("creating replication slot: waits for the transactions running now to end", "slot", r.cfg.Slot)
 		_, err := pglogrepl.CreateReplicationSlot(ctx, conn, r.cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{})
 		if err != nil && !isCode(err, "42710") {
 			return fmt.Errorf("outbox/wal: create slot %s: %w", r.cfg.Slot, err)
