@@ -101,11 +101,15 @@ func (p *Proxy) Cut() int {
 	conns := p.conns
 	p.conns = map[*pair]struct{}{}
 	p.cuts += len(conns)
-	p.endStallLocked()
 	p.mu.Unlock()
 	for c := range conns {
 		c.reset()
 	}
+	// The stall ends only now: a pipe held at the gate must find its
+	// sockets closed, not forward the held bytes in the moment before the
+	// reset (seen under load: the client read the answer to a request sent
+	// during the stall, after the cut).
+	p.Resume()
 	return len(conns)
 }
 
@@ -179,13 +183,13 @@ func (p *Proxy) Close() error {
 	p.closed = true
 	conns := p.conns
 	p.conns = map[*pair]struct{}{}
-	p.endStallLocked()
 	p.mu.Unlock()
 	p.cancel()
 	err := p.ln.Close()
 	for c := range conns {
 		c.reset()
 	}
+	p.Resume() // after the resets, as in Cut
 	p.wg.Wait()
 	return err
 }
