@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"strings"
 	"testing"
@@ -206,9 +207,10 @@ func TestFromEnv(t *testing.T) {
 // listener serves and refuses, and Close returns only once the refusals in
 // flight have ended, so that a stopped server leaves nothing running: a
 // refused client whose header never ends would otherwise hold a goroutine
-// for a second after Close.
+// for a second after Close. Not parallel: it looks for refusals in every
+// goroutine's stack, and another test's refusal would be one (make test
+// once saw a parallel test's refusal draining its client).
 func TestListenerCountsAndCloseEndsRefusals(t *testing.T) {
-	t.Parallel()
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -252,6 +254,11 @@ func TestListenerCountsAndCloseEndsRefusals(t *testing.T) {
 	}
 	if err := <-acceptErr; !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("Accept after Close: %v", err)
+	}
+	// The refused connection is closed by then, and no refusal runs.
+	_ = slow.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadAll(slow); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the refused connection is still open after Close: %v", err)
 	}
 	buf := make([]byte, 1<<20)
 	if stacks := string(buf[:runtime.Stack(buf, true)]); strings.Contains(stacks, "httpserver.answerRefusal") {
