@@ -145,9 +145,11 @@
 // held to its commit, keeps relays from arming until its events are
 // visible to their last claim ('busy': they poll again within
 // milliseconds). A NOTIFY per enqueuing transaction would make PostgreSQL
-// serialize those commits server-wide. Arming, the last claim and the
-// protocol's corners (another relay armed, an armed relay stopping) are in
-// doorbell.go and Relay.loop; TestDoorbell* prove that no event waits for
+// serialize those commits server-wide. A relay arms after every batch that
+// leaves it nothing to do, one whose deliveries failed included, and a
+// relay that stops rings, armed or not, for relays asleep behind its arm.
+// Arming, the last claim and the protocol's corners (another relay armed,
+// a relay stopping) are in doorbell.go and Relay.loop; TestDoorbell* prove that no event waits for
 // the poll interval while the doorbell's connection is up. A cut doorbell
 // connection drops its lock with it: until the relay next wakes (at most
 // PollInterval) enqueues ring nobody, and the next arm reconnects.

@@ -416,3 +416,169 @@ func TestDoorbellConnectionCutRearms(t *testing.T) {
 	eventually(t, "c-1 delivered by the poll", func() bool { return slices.Contains(rec.deliveredIDs(), "c-1") })
 	eventually(t, "armed again on another connection", func() bool { p := bellPID(); return p != 0 && p != pid })
 }
+
+// sleeps reports each time r's loop goes to sleep with its listener up,
+// saying whether it sleeps armed. Set before Start.
+func sleeps(r *outbox.Relay) chan bool {
+	c := make(chan bool, 64)
+	outbox.OnSleep(r, func(armed bool) {
+		if outbox.Listening(r) {
+			select {
+			case c <- armed:
+			default:
+			}
+		}
+	})
+	return c
+}
+
+// nextSleep waits for r's next sleep (see sleeps) and says whether it is
+// armed.
+func nextSleep(t *testing.T, c chan bool, what string) bool {
+	t.Helper()
+	select {
+	case armed := <-c:
+		return armed
+	case <-time.After(20 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+		return false
+	}
+}
+
+// pidOf is the backend pid of the session with application_name name, or 0.
+func pidOf(t *testing.T, db *testdb.DB, name string) int {
+	t.Helper()
+	var pid int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT coalesce(max(pid), 0) FROM pg_stat_activity
+		WHERE application_name = $1`, name).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// A relay asleep because another one was armed ('other') relies on that
+// relay: while it lives it takes its own last look before each sleep. When
+// the armed relay wakes by other means than a NOTIFY (here its listener
+// reconnects), the sleeper is not woken, and if the relay then stops
+// before it arms again, nobody is armed and nobody rings: the stopping
+// relay must ring even though it is not armed, or the sleeper waits for
+// its PollInterval (an hour here).
+func TestDoorbellRelayStoppingUnarmedWakesOtherSleepers(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	rec := newRecorder()
+	o1, o2 := uniqueOwner("r1"), uniqueOwner("r2")
+	var gate atomic.Bool
+	inBatch := make(chan struct{}, 1)
+	hook := func(ctx context.Context, e outbox.RelayEvent) context.Context {
+		if e.Kind == outbox.RelayBatchBegin && gate.Load() {
+			select {
+			case inBatch <- struct{}{}:
+			default:
+			}
+			<-ctx.Done() // the hard stop
+		}
+		return ctx
+	}
+	r1 := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: o1, Hook: hook})
+	s1 := sleeps(r1)
+	if err := r1.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for !nextSleep(t, s1, "relay 1 asleep armed") {
+	}
+	r2 := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: o2})
+	s2 := sleeps(r2)
+	if err := r2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if nextSleep(t, s2, "relay 2 asleep") {
+		t.Fatal("relay 2 armed although relay 1 was")
+	}
+	// Wake relay 1 alone: its listener reconnects and wakes its loop.
+	gate.Store(true)
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pidOf(t, db, outbox.ListenerApplicationName(o1))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-inBatch: // relay 1 disarmed, in a batch
+	case <-time.After(20 * time.Second):
+		t.Fatal("relay 1 did not wake")
+	}
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := r1.HardStop(sctx); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, db.Pool, msg("s", 1))
+	eventually(t, "s-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "s-1") })
+}
+
+// A batch whose delivery failed (recorded: the event waits for its retry)
+// is progress like any other: the relay arms before it sleeps. A relay
+// that slept unarmed after it would not be rung by the next enqueue, of
+// any aggregate, and that event would wait for PollInterval (an hour
+// here).
+func TestDoorbellArmsAfterAFailedDelivery(t *testing.T) {
+	t.Parallel()
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t)
+			ctx := context.Background()
+			rec := newRecorder()
+			rec.fail = func(e outbox.Event) error {
+				if e.AggregateID == "f" {
+					return fmt.Errorf("broker refuses %s", e.EventID)
+				}
+				return nil
+			}
+			r := newRelay(t, db, rec, outbox.RelayConfig{
+				Mode: mode, PollInterval: time.Hour, BackoffMin: time.Hour, BackoffMax: time.Hour,
+				Owner: uniqueOwner("fail"),
+			})
+			s := sleeps(r)
+			if err := r.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for !nextSleep(t, s, "relay asleep armed") {
+			}
+			enqueue(t, db.Pool, msg("f", 1)) // rings; its delivery fails
+			nextSleep(t, s, "relay asleep after the failure")
+			enqueue(t, db.Pool, msg("g", 1))
+			eventually(t, "g-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "g-1") })
+		})
+	}
+}
+
+// A doorbell connection cut while the relay is awake (here: in a publish)
+// makes its next arm fail. The relay must arm on a new connection rather
+// than sleep unarmed, or the next enqueue rings nobody and its event waits
+// for PollInterval (an hour here).
+func TestDoorbellConnectionCutWhileAwakeRearmsAtOnce(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	rec := newRecorder()
+	rec.entered = make(chan []outbox.Event, 1)
+	rec.release = make(chan struct{})
+	owner := uniqueOwner("cut-awake")
+	r := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: owner})
+	s := sleeps(r)
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for !nextSleep(t, s, "relay asleep armed") {
+	}
+	enqueue(t, db.Pool, msg("a", 1)) // rings
+	<-rec.entered                    // the relay is in the publish, disarmed
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pidOf(t, db, outbox.DoorbellApplicationName(owner))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "doorbell backend gone", func() bool { return pidOf(t, db, outbox.DoorbellApplicationName(owner)) == 0 })
+	close(rec.release)
+	nextSleep(t, s, "relay asleep after the batch")
+	enqueue(t, db.Pool, msg("b", 1))
+	eventually(t, "b-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "b-1") })
+}
