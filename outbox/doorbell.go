@@ -2,9 +2,11 @@ package outbox
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/outbox/internal/dbsqlc"
@@ -81,6 +83,33 @@ func (b *doorbell) arm(ctx context.Context, r *Relay) string {
 		if fresh || ctx.Err() != nil {
 			return bellFailed
 		}
+	}
+}
+
+// watch watches the doorbell's connection while the relay sleeps armed:
+// a cut connection (its backend terminated, the server restarted) took
+// the lock with it, so enqueues ring nobody, and nothing else would wake
+// the relay before its PollInterval. cut is closed when the connection
+// fails; stop ends the watch and returns once the connection is the
+// loop's again. The watch is a read on the idle session, which the server
+// answers only by closing it (it LISTENs to nothing), ended by a read
+// deadline in the past, which leaves the connection usable.
+func (b *doorbell) watch() (cut <-chan struct{}, stop func()) {
+	c, done := make(chan struct{}), make(chan struct{})
+	pc := b.conn.PgConn()
+	var stopping atomic.Bool
+	go func() {
+		defer close(done)
+		err := pc.WaitForNotification(context.Background())
+		if !stopping.Load() || (err != nil && !pgconn.Timeout(err)) {
+			close(c)
+		}
+	}()
+	return c, func() {
+		stopping.Store(true)
+		_ = pc.Conn().SetReadDeadline(time.Now())
+		<-done
+		_ = pc.Conn().SetReadDeadline(time.Time{})
 	}
 }
 

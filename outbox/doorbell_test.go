@@ -222,7 +222,9 @@ func TestDoorbellLastLookFindsTheEventBeforeTheArm(t *testing.T) {
 		return n == 1
 	})
 	armedHook.Store(true)
-	if _, err := db.Pool.Exec(ctx, "SELECT pg_notify($1, '')", outbox.NotifyChannel); err != nil {
+	// The table's oid, not an empty payload, which would wake the relays
+	// of every test in the database.
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_notify($1, 'outbox_event'::regclass::oid::text)", outbox.NotifyChannel); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "late-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "late-1") })
@@ -387,8 +389,9 @@ func TestEnqueueIdsFollowSequences(t *testing.T) {
 
 // A cut doorbell connection (its backend terminated while the relay sleeps
 // armed) drops the lock, so enqueues stop ringing: the relay finds the
-// event at its next poll, the failed disarm closes the dead connection,
-// and the next arm opens another, so the bell works again.
+// event (woken by the cut, or at the latest at its next poll), the failed
+// disarm closes the dead connection, and the next arm opens another, so
+// the bell works again.
 func TestDoorbellConnectionCutRearms(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
@@ -445,6 +448,25 @@ func nextSleep(t *testing.T, c chan bool, what string) bool {
 	}
 }
 
+// asleepArmed waits until r (see sleeps) has slept armed for a while with
+// no other sleep since: a wake-up that was already due (the listener's
+// first, say) has come and gone, so the relay is asleep, not about to
+// wake. The pause only sets up the premise; nothing is timed.
+func asleepArmed(t *testing.T, c chan bool) {
+	t.Helper()
+	armed := nextSleep(t, c, "relay asleep armed")
+	for {
+		select {
+		case armed = <-c:
+		case <-time.After(200 * time.Millisecond):
+			if armed {
+				return
+			}
+			armed = nextSleep(t, c, "relay asleep armed")
+		}
+	}
+}
+
 // pidOf is the backend pid of the session with application_name name, or 0.
 func pidOf(t *testing.T, db *testdb.DB, name string) int {
 	t.Helper()
@@ -486,8 +508,7 @@ func TestDoorbellRelayStoppingUnarmedWakesOtherSleepers(t *testing.T) {
 	if err := r1.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for !nextSleep(t, s1, "relay 1 asleep armed") {
-	}
+	asleepArmed(t, s1)
 	r2 := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: o2})
 	s2 := sleeps(r2)
 	if err := r2.Start(ctx); err != nil {
@@ -542,8 +563,7 @@ func TestDoorbellArmsAfterAFailedDelivery(t *testing.T) {
 			if err := r.Start(ctx); err != nil {
 				t.Fatal(err)
 			}
-			for !nextSleep(t, s, "relay asleep armed") {
-			}
+			asleepArmed(t, s)
 			enqueue(t, db.Pool, msg("f", 1)) // rings; its delivery fails
 			nextSleep(t, s, "relay asleep after the failure")
 			enqueue(t, db.Pool, msg("g", 1))
@@ -569,8 +589,7 @@ func TestDoorbellConnectionCutWhileAwakeRearmsAtOnce(t *testing.T) {
 	if err := r.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for !nextSleep(t, s, "relay asleep armed") {
-	}
+	asleepArmed(t, s)
 	enqueue(t, db.Pool, msg("a", 1)) // rings
 	<-rec.entered                    // the relay is in the publish, disarmed
 	if _, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pidOf(t, db, outbox.DoorbellApplicationName(owner))); err != nil {
@@ -581,4 +600,33 @@ func TestDoorbellConnectionCutWhileAwakeRearmsAtOnce(t *testing.T) {
 	nextSleep(t, s, "relay asleep after the batch")
 	enqueue(t, db.Pool, msg("b", 1))
 	eventually(t, "b-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "b-1") })
+}
+
+// A doorbell connection cut while the relay sleeps armed drops its lock,
+// so enqueues ring nobody: the relay must notice the cut while it sleeps,
+// wake and arm again on a new connection, or the next event waits for
+// PollInterval (an hour here). TestDoorbellConnectionCutRearms covers the
+// same cut with a short PollInterval, found by the poll.
+func TestDoorbellConnectionCutWhileArmedWakesTheRelay(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	rec := newRecorder()
+	owner := uniqueOwner("cut-armed")
+	r := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: owner})
+	s := sleeps(r)
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	asleepArmed(t, s)
+	pid := pidOf(t, db, outbox.DoorbellApplicationName(owner))
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "armed again on another connection", func() bool {
+		p := pidOf(t, db, outbox.DoorbellApplicationName(owner))
+		return p != 0 && p != pid && armedBy(t, db)(owner)()
+	})
+	enqueue(t, db.Pool, msg("c", 1))
+	eventually(t, "c-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "c-1") })
 }

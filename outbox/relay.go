@@ -212,13 +212,21 @@ func (r *Relay) loop(ctx context.Context) {
 		if r.onSleep != nil {
 			r.onSleep(armed)
 		}
+		var cut <-chan struct{} // nil: never ready
+		stopWatch := func() {}
+		if armed {
+			cut, stopWatch = bell.watch()
+		}
 		poll.Reset(wait)
 		select {
 		case <-ctx.Done():
+			stopWatch()
 			return
 		case <-r.wake:
 		case <-poll.C:
+		case <-cut: // the disarm fails and closes it; the next arm reconnects
 		}
+		stopWatch()
 		if !poll.Stop() {
 			select {
 			case <-poll.C:
