@@ -630,3 +630,79 @@ func TestDoorbellConnectionCutWhileArmedWakesTheRelay(t *testing.T) {
 	enqueue(t, db.Pool, msg("c", 1))
 	eventually(t, "c-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "c-1") })
 }
+
+// Savepoints: an enqueue's shared lock and its NOTIFY belong to its
+// subtransaction. Rolled back, the lock goes with the events (a relay can
+// arm while the transaction stays open, instead of finding it busy until
+// the commit), and so does the NOTIFY; an enqueue after it in the same
+// transaction rings again, and the relay is woken at the commit.
+func TestDoorbellSavepointRollback(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	relay, listener := conn(t, db), conn(t, db)
+	if _, err := listener.Exec(ctx, "LISTEN "+outbox.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	var oid string
+	if err := db.Pool.QueryRow(ctx, "SELECT 'outbox_event'::regclass::oid::text").Scan(&oid); err != nil {
+		t.Fatal(err)
+	}
+	arm := func(want string) {
+		t.Helper()
+		if got, err := outbox.ArmDoorbell(ctx, relay); err != nil || got != want {
+			t.Fatalf("arm = %q, %v; want %q", got, err, want)
+		}
+	}
+	exec := func(tx pgx.Tx, sql string) {
+		t.Helper()
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	exec(tx, "SAVEPOINT s")
+	if _, err := outbox.EnqueueTx(ctx, tx, msg("sp", 1)); err != nil {
+		t.Fatal(err)
+	}
+	arm("busy")
+	exec(tx, "ROLLBACK TO SAVEPOINT s")
+	arm("armed")
+	exec(tx, "SAVEPOINT s2")
+	if _, err := outbox.EnqueueTx(ctx, tx, msg("sp", 2)); err != nil { // rings
+		t.Fatal(err)
+	}
+	exec(tx, "ROLLBACK TO SAVEPOINT s2") // and takes the ring back
+	if _, err := outbox.EnqueueTx(ctx, tx, msg("sp", 3)); err != nil { // rings again
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for {
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("no NOTIFY for the committed enqueue: %v", err)
+		}
+		if n.Payload == oid {
+			break
+		}
+	}
+	var ids []string
+	rows, err := db.Pool.Query(ctx, "SELECT event_id FROM outbox_event ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ids, []string{"sp-3"}) {
+		t.Fatalf("events %v, want [sp-3]", ids)
+	}
+}
