@@ -676,7 +676,7 @@ func TestDoorbellSavepointRollback(t *testing.T) {
 	if _, err := outbox.EnqueueTx(ctx, tx, msg("sp", 2)); err != nil { // rings
 		t.Fatal(err)
 	}
-	exec(tx, "ROLLBACK TO SAVEPOINT s2") // and takes the ring back
+	exec(tx, "ROLLBACK TO SAVEPOINT s2")                               // and takes the ring back
 	if _, err := outbox.EnqueueTx(ctx, tx, msg("sp", 3)); err != nil { // rings again
 		t.Fatal(err)
 	}
