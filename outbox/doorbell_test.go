@@ -676,7 +676,8 @@ func TestDoorbellSavepointRollback(t *testing.T) {
 	if _, err := outbox.EnqueueTx(ctx, tx, msg("sp", 2)); err != nil { // rings
 		t.Fatal(err)
 	}
-	exec(tx, "ROLLBACK TO SAVEPOINT s2")                               // and takes the ring back
+	// The rollback takes that ring back.
+	exec(tx, "ROLLBACK TO SAVEPOINT s2")
 	if _, err := outbox.EnqueueTx(ctx, tx, msg("sp", 3)); err != nil { // rings again
 		t.Fatal(err)
 	}
