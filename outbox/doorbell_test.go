@@ -707,3 +707,46 @@ func TestDoorbellSavepointRollback(t *testing.T) {
 		t.Fatalf("events %v, want [sp-3]", ids)
 	}
 }
+
+// An event committed while the relay sleeps armed and its listener is down
+// rings into the void (the relay holds the lock, nobody listens): the
+// listener's reconnect must wake the loop, or the event waits for
+// PollInterval (an hour here). The hook commits the event at exactly that
+// moment: the listener has failed and not yet reconnected.
+// TestNotifyWakesRelayAndListenerReconnects enqueues only once the
+// listener is back.
+func TestDoorbellEventWhileListenerIsDown(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	rec := newRecorder()
+	owner := uniqueOwner("listen-down")
+	var once sync.Once
+	rang := make(chan struct{})
+	hook := func(ctx context.Context, e outbox.RelayEvent) context.Context {
+		if e.Kind == outbox.RelayListenFailed {
+			once.Do(func() { // the listener's goroutine: t.Error, not t.Fatal
+				defer close(rang)
+				if _, err := outbox.Enqueue(context.WithoutCancel(ctx), db.Pool, msg("d", 1)); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		return ctx
+	}
+	r := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: owner, Hook: hook})
+	s := sleeps(r)
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	asleepArmed(t, s)
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pidOf(t, db, outbox.ListenerApplicationName(owner))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-rang:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the listener did not fail")
+	}
+	eventually(t, "d-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "d-1") })
+}
