@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/outbox/internal/dbsqlc"
@@ -100,9 +99,15 @@ func (b *doorbell) watch() (cut <-chan struct{}, stop func()) {
 	var stopping atomic.Bool
 	go func() {
 		defer close(done)
-		err := pc.WaitForNotification(context.Background())
-		if !stopping.Load() || (err != nil && !pgconn.Timeout(err)) {
-			close(c)
+		for {
+			err := pc.WaitForNotification(context.Background())
+			if err == nil {
+				continue // a LISTEN of the session's past in the pool: not a cut
+			}
+			if !stopping.Load() {
+				close(c)
+			}
+			return
 		}
 	}()
 	return c, func() {

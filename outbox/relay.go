@@ -155,6 +155,13 @@ func (r *Relay) emit(ctx context.Context, e RelayEvent) context.Context {
 //   - busy (an enqueue that rang no bell is uncommitted): it polls again
 //     after a short, growing delay (1 to 16 ms).
 //
+// A batch whose deliveries failed is progress like any other (the failures
+// are recorded); one that failed itself (a database error) is followed by
+// an arm and a last look too, and a last look that fails sleeps, armed if
+// it was. While it sleeps armed the relay watches the doorbell's
+// connection, whose end took the lock with it: a cut wakes the relay,
+// which arms again on a new connection.
+//
 // So a relay sleeps only after a claim that found nothing and began after
 // it, or another relay, was armed; an event that claim could not take was
 // in another relay's batch, and that relay takes its own last look when
