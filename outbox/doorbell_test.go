@@ -750,3 +750,32 @@ func TestDoorbellEventWhileListenerIsDown(t *testing.T) {
 	}
 	eventually(t, "d-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "d-1") })
 }
+
+// The watch of an armed sleep (see TestDoorbellConnectionCutWhileArmedWakesTheRelay)
+// ends with a read deadline, which must leave the connection usable: a
+// relay woken again and again keeps its one doorbell connection. A watch
+// that broke it would still deliver (the disarm fails, the arm reconnects)
+// at the cost of a new connection per wake-up.
+func TestDoorbellWatchKeepsTheConnection(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	rec := newRecorder()
+	owner := uniqueOwner("watch")
+	r := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: owner})
+	s := sleeps(r)
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	asleepArmed(t, s)
+	pid := pidOf(t, db, outbox.DoorbellApplicationName(owner))
+	for i := range 5 {
+		enqueue(t, db.Pool, msg("w", i+1)) // rings
+		id := fmt.Sprintf("w-%d", i+1)
+		eventually(t, id+" delivered", func() bool { return slices.Contains(rec.deliveredIDs(), id) })
+		asleepArmed(t, s)
+		if p := pidOf(t, db, outbox.DoorbellApplicationName(owner)); p != pid {
+			t.Fatalf("after wake-up %d the doorbell's backend is %d, was %d", i+1, p, pid)
+		}
+	}
+}
