@@ -145,12 +145,18 @@
 // held to its commit, keeps relays from arming until its events are
 // visible to their last claim ('busy': they poll again within
 // milliseconds). A NOTIFY per enqueuing transaction would make PostgreSQL
-// serialize those commits server-wide. Arming, the last claim and the
-// protocol's corners (another relay armed, an armed relay stopping) are in
-// doorbell.go and Relay.loop; TestDoorbell* prove that no event waits for
-// the poll interval while the doorbell's connection is up. A cut doorbell
-// connection drops its lock with it: until the relay next wakes (at most
-// PollInterval) enqueues ring nobody, and the next arm reconnects.
+// serialize those commits server-wide. A relay arms after every batch that
+// leaves it nothing to do, one whose deliveries failed included, and a
+// relay that stops rings, armed or not, for relays asleep behind its arm.
+// Arming, the last claim and the protocol's corners (another relay armed,
+// a relay stopping) are in doorbell.go and Relay.loop; TestDoorbell* prove
+// that no event waits for the poll interval while the relays' connections
+// are up. A cut doorbell connection drops its lock with it, so enqueues
+// ring nobody: a relay that sleeps armed watches its connection and wakes
+// when it fails, and an arm that fails on a cut connection retries on a
+// new one. What the doorbell cannot see costs at most PollInterval: a
+// relay that dies without stopping (its process killed) leaves the relays
+// asleep behind its arm to their poll.
 //
 // Observation: RelayConfig.Hook receives a RelayEvent for each batch
 // (begin, claimed, published, failed, dead, lease lost, done), for the

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,32 +43,79 @@ var busyPoll = backoff.Policy{Min: time.Millisecond, Max: 16 * time.Millisecond}
 type doorbell struct {
 	conn *pgx.Conn
 	q    *dbsqlc.Queries
+	// opened says that the relay has armed or tried to: other relays may
+	// sleep behind it (see leave).
+	opened bool
 }
 
 // DoorbellApplicationName is the application_name of a relay's doorbell
 // connection (see ListenerApplicationName).
 func DoorbellApplicationName(owner string) string { return "idem-outbox-doorbell " + owner }
 
+// arm runs ArmDoorbell, on a new connection if the one it has fails: a
+// connection cut while the relay was awake (its backend terminated, a
+// proxy's idle timeout) is found only by the next statement on it, and a
+// relay that then slept unarmed would not be rung by the next enqueue (it
+// would wait for PollInterval). It fails only when a new connection does.
 func (b *doorbell) arm(ctx context.Context, r *Relay) string {
-	if b.conn == nil {
-		pc, err := r.pool.Acquire(ctx)
-		if err != nil {
-			return bellFailed
+	b.opened = true
+	for {
+		fresh := b.conn == nil
+		if fresh {
+			pc, err := r.pool.Acquire(ctx)
+			if err != nil {
+				return bellFailed
+			}
+			b.conn = pc.Hijack()
+			b.q = dbsqlc.New(b.conn)
+			if _, err := b.conn.Exec(ctx, "SELECT set_config('application_name', $1, false)",
+				DoorbellApplicationName(r.cfg.Owner)); err != nil {
+				b.close(ctx)
+				return bellFailed
+			}
 		}
-		b.conn = pc.Hijack()
-		b.q = dbsqlc.New(b.conn)
-		if _, err := b.conn.Exec(ctx, "SELECT set_config('application_name', $1, false)",
-			DoorbellApplicationName(r.cfg.Owner)); err != nil {
-			b.close(ctx)
-			return bellFailed
+		state, err := b.q.ArmDoorbell(ctx)
+		if err == nil {
+			return state
 		}
-	}
-	state, err := b.q.ArmDoorbell(ctx)
-	if err != nil {
 		b.close(ctx)
-		return bellFailed
+		if fresh || ctx.Err() != nil {
+			return bellFailed
+		}
 	}
-	return state
+}
+
+// watch watches the doorbell's connection while the relay sleeps armed:
+// a cut connection (its backend terminated, the server restarted) took
+// the lock with it, so enqueues ring nobody, and nothing else would wake
+// the relay before its PollInterval. cut is closed when the connection
+// fails; stop ends the watch and returns once the connection is the
+// loop's again. The watch is a read on the idle session, which the server
+// answers only by closing it (it LISTENs to nothing), ended by a read
+// deadline in the past, which leaves the connection usable.
+func (b *doorbell) watch() (cut <-chan struct{}, stop func()) {
+	c, done := make(chan struct{}), make(chan struct{})
+	pc := b.conn.PgConn()
+	var stopping atomic.Bool
+	go func() {
+		defer close(done)
+		for {
+			err := pc.WaitForNotification(context.Background())
+			if err == nil {
+				continue // a LISTEN of the session's past in the pool: not a cut
+			}
+			if !stopping.Load() {
+				close(c)
+			}
+			return
+		}
+	}()
+	return c, func() {
+		stopping.Store(true)
+		_ = pc.Conn().SetReadDeadline(time.Now())
+		<-done
+		_ = pc.Conn().SetReadDeadline(time.Time{})
+	}
 }
 
 // disarm runs even when ctx has ended (the loop disarms on its way out
@@ -86,17 +134,34 @@ func (b *doorbell) disarm(ctx context.Context) {
 
 const disarmTimeout = 5 * time.Second
 
-// leave ends the doorbell when the loop returns. A relay that leaves armed
-// first rings the bell itself: relays that went to sleep because this one
-// was armed ('other') would otherwise sleep through events committed
-// after it left (nobody armed, nobody rings) until their PollInterval.
-func (b *doorbell) leave(ctx context.Context, armed bool) {
-	if armed && b.conn != nil {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), disarmTimeout)
-		_ = b.q.RingDoorbell(dctx)
-		cancel()
+// leave ends the doorbell when the loop returns. A relay that has armed
+// rings the bell on its way out, armed or not: relays that went to sleep
+// because it was armed ('other') rely on it to take the last look before
+// each of its own sleeps, and would otherwise sleep through events
+// committed after it left (nobody armed, nobody rings) until their
+// PollInterval. That holds when it leaves unarmed too: it may have woken
+// by other means than a NOTIFY (its poll, its listener's reconnect, the
+// reaper), which did not wake them, or been stopped in the middle of an
+// arm that took the locks. It lets its locks go first, so that a relay
+// the bell wakes can arm in its place; without a doorbell connection
+// (its last arm failed) it rings on one of the pool's.
+func (b *doorbell) leave(ctx context.Context, r *Relay, armed bool) {
+	if !b.opened {
+		return
 	}
-	b.close(ctx)
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), disarmTimeout)
+	defer cancel()
+	if armed {
+		b.disarm(dctx)
+	}
+	if b.conn != nil {
+		if b.q.RingDoorbell(dctx) == nil {
+			b.close(ctx)
+			return
+		}
+		b.close(ctx)
+	}
+	_ = r.q.RingDoorbell(dctx)
 }
 
 func (b *doorbell) close(ctx context.Context) {

@@ -222,7 +222,9 @@ func TestDoorbellLastLookFindsTheEventBeforeTheArm(t *testing.T) {
 		return n == 1
 	})
 	armedHook.Store(true)
-	if _, err := db.Pool.Exec(ctx, "SELECT pg_notify($1, '')", outbox.NotifyChannel); err != nil {
+	// The table's oid, not an empty payload, which would wake the relays
+	// of every test in the database.
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_notify($1, 'outbox_event'::regclass::oid::text)", outbox.NotifyChannel); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "late-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "late-1") })
@@ -387,8 +389,9 @@ func TestEnqueueIdsFollowSequences(t *testing.T) {
 
 // A cut doorbell connection (its backend terminated while the relay sleeps
 // armed) drops the lock, so enqueues stop ringing: the relay finds the
-// event at its next poll, the failed disarm closes the dead connection,
-// and the next arm opens another, so the bell works again.
+// event (woken by the cut, or at the latest at its next poll), the failed
+// disarm closes the dead connection, and the next arm opens another, so
+// the bell works again.
 func TestDoorbellConnectionCutRearms(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
@@ -415,4 +418,364 @@ func TestDoorbellConnectionCutRearms(t *testing.T) {
 	enqueue(t, db.Pool, msg("c", 1)) // rings nobody: the lock went with the backend
 	eventually(t, "c-1 delivered by the poll", func() bool { return slices.Contains(rec.deliveredIDs(), "c-1") })
 	eventually(t, "armed again on another connection", func() bool { p := bellPID(); return p != 0 && p != pid })
+}
+
+// sleeps reports each time r's loop goes to sleep with its listener up,
+// saying whether it sleeps armed. Set before Start.
+func sleeps(r *outbox.Relay) chan bool {
+	c := make(chan bool, 64)
+	outbox.OnSleep(r, func(armed bool) {
+		if outbox.Listening(r) {
+			select {
+			case c <- armed:
+			default:
+			}
+		}
+	})
+	return c
+}
+
+// nextSleep waits for r's next sleep (see sleeps) and says whether it is
+// armed.
+func nextSleep(t *testing.T, c chan bool, what string) bool {
+	t.Helper()
+	select {
+	case armed := <-c:
+		return armed
+	case <-time.After(20 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+		return false
+	}
+}
+
+// asleepArmed waits until r (see sleeps) has slept armed for a while with
+// no other sleep since: a wake-up that was already due (the listener's
+// first, say) has come and gone, so the relay is asleep, not about to
+// wake. The pause only sets up the premise; nothing is timed.
+func asleepArmed(t *testing.T, c chan bool) {
+	t.Helper()
+	armed := nextSleep(t, c, "relay asleep armed")
+	for {
+		select {
+		case armed = <-c:
+		case <-time.After(200 * time.Millisecond):
+			if armed {
+				return
+			}
+			armed = nextSleep(t, c, "relay asleep armed")
+		}
+	}
+}
+
+// pidOf is the backend pid of the session with application_name name, or 0.
+func pidOf(t *testing.T, db *testdb.DB, name string) int {
+	t.Helper()
+	var pid int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT coalesce(max(pid), 0) FROM pg_stat_activity
+		WHERE application_name = $1`, name).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// A relay asleep because another one was armed ('other') relies on that
+// relay: while it lives it takes its own last look before each sleep. When
+// the armed relay wakes by other means than a NOTIFY (here its listener
+// reconnects), the sleeper is not woken, and if the relay then stops
+// before it arms again, nobody is armed and nobody rings: the stopping
+// relay must ring even though it is not armed, or the sleeper waits for
+// its PollInterval (an hour here).
+func TestDoorbellRelayStoppingUnarmedWakesOtherSleepers(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	rec := newRecorder()
+	o1, o2 := uniqueOwner("r1"), uniqueOwner("r2")
+	var gate atomic.Bool
+	inBatch := make(chan struct{}, 1)
+	hook := func(ctx context.Context, e outbox.RelayEvent) context.Context {
+		if e.Kind == outbox.RelayBatchBegin && gate.Load() {
+			select {
+			case inBatch <- struct{}{}:
+			default:
+			}
+			<-ctx.Done() // the hard stop
+		}
+		return ctx
+	}
+	r1 := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: o1, Hook: hook})
+	s1 := sleeps(r1)
+	if err := r1.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	asleepArmed(t, s1)
+	r2 := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: o2})
+	s2 := sleeps(r2)
+	if err := r2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if nextSleep(t, s2, "relay 2 asleep") {
+		t.Fatal("relay 2 armed although relay 1 was")
+	}
+	// Wake relay 1 alone: its listener reconnects and wakes its loop.
+	gate.Store(true)
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pidOf(t, db, outbox.ListenerApplicationName(o1))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-inBatch: // relay 1 disarmed, in a batch
+	case <-time.After(20 * time.Second):
+		t.Fatal("relay 1 did not wake")
+	}
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := r1.HardStop(sctx); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, db.Pool, msg("s", 1))
+	eventually(t, "s-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "s-1") })
+}
+
+// A batch whose delivery failed (recorded: the event waits for its retry)
+// is progress like any other: the relay arms before it sleeps. A relay
+// that slept unarmed after it would not be rung by the next enqueue, of
+// any aggregate, and that event would wait for PollInterval (an hour
+// here).
+func TestDoorbellArmsAfterAFailedDelivery(t *testing.T) {
+	t.Parallel()
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t)
+			ctx := context.Background()
+			rec := newRecorder()
+			rec.fail = func(e outbox.Event) error {
+				if e.AggregateID == "f" {
+					return fmt.Errorf("broker refuses %s", e.EventID)
+				}
+				return nil
+			}
+			r := newRelay(t, db, rec, outbox.RelayConfig{
+				Mode: mode, PollInterval: time.Hour, BackoffMin: time.Hour, BackoffMax: time.Hour,
+				Owner: uniqueOwner("fail"),
+			})
+			s := sleeps(r)
+			if err := r.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			asleepArmed(t, s)
+			enqueue(t, db.Pool, msg("f", 1)) // rings; its delivery fails
+			nextSleep(t, s, "relay asleep after the failure")
+			enqueue(t, db.Pool, msg("g", 1))
+			eventually(t, "g-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "g-1") })
+		})
+	}
+}
+
+// A doorbell connection cut while the relay is awake (here: in a publish)
+// makes its next arm fail. The relay must arm on a new connection rather
+// than sleep unarmed, or the next enqueue rings nobody and its event waits
+// for PollInterval (an hour here).
+func TestDoorbellConnectionCutWhileAwakeRearmsAtOnce(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	rec := newRecorder()
+	rec.entered = make(chan []outbox.Event, 1)
+	rec.release = make(chan struct{})
+	owner := uniqueOwner("cut-awake")
+	r := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: owner})
+	s := sleeps(r)
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	asleepArmed(t, s)
+	enqueue(t, db.Pool, msg("a", 1)) // rings
+	<-rec.entered                    // the relay is in the publish, disarmed
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pidOf(t, db, outbox.DoorbellApplicationName(owner))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "doorbell backend gone", func() bool { return pidOf(t, db, outbox.DoorbellApplicationName(owner)) == 0 })
+	close(rec.release)
+	nextSleep(t, s, "relay asleep after the batch")
+	enqueue(t, db.Pool, msg("b", 1))
+	eventually(t, "b-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "b-1") })
+}
+
+// A doorbell connection cut while the relay sleeps armed drops its lock,
+// so enqueues ring nobody: the relay must notice the cut while it sleeps,
+// wake and arm again on a new connection, or the next event waits for
+// PollInterval (an hour here). TestDoorbellConnectionCutRearms covers the
+// same cut with a short PollInterval, found by the poll.
+func TestDoorbellConnectionCutWhileArmedWakesTheRelay(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	rec := newRecorder()
+	owner := uniqueOwner("cut-armed")
+	r := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: owner})
+	s := sleeps(r)
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	asleepArmed(t, s)
+	pid := pidOf(t, db, outbox.DoorbellApplicationName(owner))
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "armed again on another connection", func() bool {
+		p := pidOf(t, db, outbox.DoorbellApplicationName(owner))
+		return p != 0 && p != pid && armedBy(t, db)(owner)()
+	})
+	enqueue(t, db.Pool, msg("c", 1))
+	eventually(t, "c-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "c-1") })
+}
+
+// Savepoints: an enqueue's shared lock and its NOTIFY belong to its
+// subtransaction. Rolled back, the lock goes with the events (a relay can
+// arm while the transaction stays open, instead of finding it busy until
+// the commit), and so does the NOTIFY; an enqueue after it in the same
+// transaction rings again, and the relay is woken at the commit.
+func TestDoorbellSavepointRollback(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	relay, listener := conn(t, db), conn(t, db)
+	if _, err := listener.Exec(ctx, "LISTEN "+outbox.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	var oid string
+	if err := db.Pool.QueryRow(ctx, "SELECT 'outbox_event'::regclass::oid::text").Scan(&oid); err != nil {
+		t.Fatal(err)
+	}
+	arm := func(want string) {
+		t.Helper()
+		if got, err := outbox.ArmDoorbell(ctx, relay); err != nil || got != want {
+			t.Fatalf("arm = %q, %v; want %q", got, err, want)
+		}
+	}
+	exec := func(tx pgx.Tx, sql string) {
+		t.Helper()
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	exec(tx, "SAVEPOINT s")
+	if _, err := outbox.EnqueueTx(ctx, tx, msg("sp", 1)); err != nil {
+		t.Fatal(err)
+	}
+	arm("busy")
+	exec(tx, "ROLLBACK TO SAVEPOINT s")
+	arm("armed")
+	exec(tx, "SAVEPOINT s2")
+	if _, err := outbox.EnqueueTx(ctx, tx, msg("sp", 2)); err != nil { // rings
+		t.Fatal(err)
+	}
+	// The rollback takes that ring back.
+	exec(tx, "ROLLBACK TO SAVEPOINT s2")
+	if _, err := outbox.EnqueueTx(ctx, tx, msg("sp", 3)); err != nil { // rings again
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for {
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("no NOTIFY for the committed enqueue: %v", err)
+		}
+		if n.Payload == oid {
+			break
+		}
+	}
+	var ids []string
+	rows, err := db.Pool.Query(ctx, "SELECT event_id FROM outbox_event ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ids, []string{"sp-3"}) {
+		t.Fatalf("events %v, want [sp-3]", ids)
+	}
+}
+
+// An event committed while the relay sleeps armed and its listener is down
+// rings into the void (the relay holds the lock, nobody listens): the
+// listener's reconnect must wake the loop, or the event waits for
+// PollInterval (an hour here). The hook commits the event at exactly that
+// moment: the listener has failed and not yet reconnected.
+// TestNotifyWakesRelayAndListenerReconnects enqueues only once the
+// listener is back.
+func TestDoorbellEventWhileListenerIsDown(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	rec := newRecorder()
+	owner := uniqueOwner("listen-down")
+	var once sync.Once
+	rang := make(chan struct{})
+	hook := func(ctx context.Context, e outbox.RelayEvent) context.Context {
+		if e.Kind == outbox.RelayListenFailed {
+			once.Do(func() { // the listener's goroutine: t.Error, not t.Fatal
+				defer close(rang)
+				if _, err := outbox.Enqueue(context.WithoutCancel(ctx), db.Pool, msg("d", 1)); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		return ctx
+	}
+	r := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: owner, Hook: hook})
+	s := sleeps(r)
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	asleepArmed(t, s)
+	if _, err := db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pidOf(t, db, outbox.ListenerApplicationName(owner))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-rang:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the listener did not fail")
+	}
+	eventually(t, "d-1 delivered", func() bool { return slices.Contains(rec.deliveredIDs(), "d-1") })
+}
+
+// The watch of an armed sleep (see TestDoorbellConnectionCutWhileArmedWakesTheRelay)
+// ends with a read deadline, which must leave the connection usable: a
+// relay woken again and again keeps its one doorbell connection. A watch
+// that broke it would still deliver (the disarm fails, the arm reconnects)
+// at the cost of a new connection per wake-up.
+func TestDoorbellWatchKeepsTheConnection(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	rec := newRecorder()
+	owner := uniqueOwner("watch")
+	r := newRelay(t, db, rec, outbox.RelayConfig{PollInterval: time.Hour, Owner: owner})
+	s := sleeps(r)
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	asleepArmed(t, s)
+	pid := pidOf(t, db, outbox.DoorbellApplicationName(owner))
+	for i := range 5 {
+		enqueue(t, db.Pool, msg("w", i+1)) // rings
+		id := fmt.Sprintf("w-%d", i+1)
+		eventually(t, id+" delivered", func() bool { return slices.Contains(rec.deliveredIDs(), id) })
+		asleepArmed(t, s)
+		if p := pidOf(t, db, outbox.DoorbellApplicationName(owner)); p != pid {
+			t.Fatalf("after wake-up %d the doorbell's backend is %d, was %d", i+1, p, pid)
+		}
+	}
 }

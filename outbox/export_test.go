@@ -23,3 +23,6 @@ const BeginClaim = beginClaim
 // OnSleep makes r call f as its loop goes to sleep (armed: holding the
 // doorbell). Set it before Start.
 func OnSleep(r *Relay, f func(armed bool)) { r.onSleep = f }
+
+// Listening reports whether r's LISTEN connection is up.
+func Listening(r *Relay) bool { return r.listening.Load() }

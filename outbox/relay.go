@@ -155,6 +155,13 @@ func (r *Relay) emit(ctx context.Context, e RelayEvent) context.Context {
 //   - busy (an enqueue that rang no bell is uncommitted): it polls again
 //     after a short, growing delay (1 to 16 ms).
 //
+// A batch whose deliveries failed is progress like any other (the failures
+// are recorded); one that failed itself (a database error) is followed by
+// an arm and a last look too, and a last look that fails sleeps, armed if
+// it was. While it sleeps armed the relay watches the doorbell's
+// connection, whose end took the lock with it: a cut wakes the relay,
+// which arms again on a new connection.
+//
 // So a relay sleeps only after a claim that found nothing and began after
 // it, or another relay, was armed; an event that claim could not take was
 // in another relay's batch, and that relay takes its own last look when
@@ -164,31 +171,36 @@ func (r *Relay) loop(ctx context.Context) {
 	defer poll.Stop()
 	var bell doorbell
 	armed, looked, busy := false, false, 0
-	defer func() { bell.leave(ctx, armed) }()
+	defer func() { bell.leave(ctx, r, armed) }()
 	for {
 		if ctx.Err() != nil {
 			return
 		}
-		n, err := r.RunBatch(ctx)
+		b := r.runBatch(ctx)
+		n, err := b.claimed, b.err
 		if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, context.Canceled) {
 			r.log.WarnContext(ctx, "outbox relay batch", "error", err, "owner", r.cfg.Owner)
 		}
-		if armed && (n > 0 || err != nil) {
+		// A batch that failed recorded nothing (a database error); one
+		// whose deliveries failed recorded them, and is progress.
+		failed := err != nil && !b.recorded
+		if armed && n > 0 && !failed {
 			bell.disarm(ctx)
 			armed = false
 		}
 		if n > 0 {
 			busy = 0
 		}
-		if err == nil && n == r.cfg.BatchSize {
+		if !failed && n == r.cfg.BatchSize {
 			looked = false
 			continue // likely more behind it
 		}
 		wait := r.cfg.PollInterval
 		switch {
-		case err == nil && n == 0 && looked:
-			// The last look found nothing: sleep, armed or not.
-		case err == nil && !r.cfg.DisableNotify && r.listening.Load():
+		case looked && (n == 0 || failed):
+			// The last look found nothing, or failed: sleep, armed or not
+			// (armed, the next enqueue still wakes the relay).
+		case !r.cfg.DisableNotify && r.listening.Load():
 			switch bell.arm(ctx, r) {
 			case bellArmed:
 				armed, looked = true, true
@@ -197,21 +209,31 @@ func (r *Relay) loop(ctx context.Context) {
 				looked = true
 				continue
 			case bellBusy:
-				busy++
-				wait = min(wait, busyPoll.Ceiling(busy))
+				if !failed { // a failing relay polls at PollInterval
+					busy++
+					wait = min(wait, busyPoll.Ceiling(busy))
+				}
 			}
 		}
 		looked = false
 		if r.onSleep != nil {
 			r.onSleep(armed)
 		}
+		var cut <-chan struct{} // nil: never ready
+		stopWatch := func() {}
+		if armed {
+			cut, stopWatch = bell.watch()
+		}
 		poll.Reset(wait)
 		select {
 		case <-ctx.Done():
+			stopWatch()
 			return
 		case <-r.wake:
 		case <-poll.C:
+		case <-cut: // the disarm fails and closes it; the next arm reconnects
 		}
+		stopWatch()
 		if !poll.Stop() {
 			select {
 			case <-poll.C:
@@ -236,6 +258,11 @@ func (r *Relay) loop(ctx context.Context) {
 // summary of the events whose attempt failed (they were recorded as
 // such), or ErrLeaseLost.
 func (r *Relay) RunBatch(ctx context.Context) (int, error) {
+	b := r.runBatch(ctx)
+	return b.claimed, b.err
+}
+
+func (r *Relay) runBatch(ctx context.Context) result {
 	wctx, cancelWork := startstop.WorkContext(ctx)
 	defer cancelWork()
 	bctx, cancel := context.WithTimeout(wctx, r.cfg.BatchTimeout)
@@ -251,15 +278,18 @@ func (r *Relay) RunBatch(ctx context.Context) (int, error) {
 	r.emit(bctx, RelayEvent{Kind: RelayBatchDone, Count: b.claimed,
 		Published: len(b.o.ok), Failed: len(b.o.failed), Held: len(b.o.held), Calls: b.o.calls,
 		Duration: time.Since(start), Err: b.err})
-	return b.claimed, b.err
+	return b
 }
 
 // result is one batch's: how many events it claimed, the delivery
-// outcome, and the batch's error.
+// outcome, and the batch's error. recorded says that the outcome is in
+// the table: err is then the delivery's (failed events wait for their
+// retry) or ErrLeaseLost, not a failure of the batch itself.
 type result struct {
-	claimed int
-	o       outcome
-	err     error
+	claimed  int
+	o        outcome
+	err      error
+	recorded bool
 }
 
 // beginClaim opens a claim's transaction with JIT compilation off. The
@@ -377,6 +407,7 @@ func (r *Relay) batchAtLeastOnce(ctx context.Context) (b result) {
 		return b
 	}
 	r.emitDead(ctx, events, dead)
+	b.recorded = true
 	b.err = b.o.err()
 	return b
 }
@@ -471,12 +502,14 @@ func (r *Relay) batchTwoPhase(ctx context.Context) (b result) {
 	r.emitDead(ctx, events, dead)
 	if int(marked) < len(events) {
 		lost := len(events) - int(marked)
+		b.recorded = true
 		b.err = fmt.Errorf("%w: %d of %d events were reaped before the batch finished", ErrLeaseLost, lost, len(events))
 		r.log.WarnContext(ctx, "outbox relay lost its lease; the new owner's result stands",
 			"owner", r.cfg.Owner, "events", len(events), "marked", marked)
 		r.emit(ctx, RelayEvent{Kind: RelayLeaseLost, Count: lost, Err: b.err})
 		return b
 	}
+	b.recorded = true
 	b.err = b.o.err()
 	return b
 }
