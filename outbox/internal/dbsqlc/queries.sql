@@ -673,7 +673,12 @@ ORDER BY a.aggregate_type, a.aggregate_id
 FOR UPDATE OF a;
 
 -- BlockAggregates holds, of each aggregate, the events after seq (and the
--- event at seq if DEAD), unless that event was published meanwhile.
+-- event at seq if DEAD), unless that event was published meanwhile. It
+-- never holds a PUBLISHING row: that row is under some relay's lease
+-- (one whose claim came after the failure, when a lease was reaped), and
+-- a held row is out of the reaper's reach and, once its owner returns it
+-- to PENDING as failed, out of every claim's (a head is not held): the
+-- aggregate would wait for ever. The owner records that row's own outcome.
 -- name: BlockAggregates :exec
 WITH u AS (
     SELECT unnest(sqlc.arg(aggregate_types)::text[]) AS t, unnest(sqlc.arg(aggregate_ids)::text[]) AS i,
@@ -694,7 +699,7 @@ agg AS (
 UPDATE outbox_event e SET held = true
 FROM live
 WHERE e.aggregate_type = live.t AND e.aggregate_id = live.i AND e.aggregate_seq >= live.s
-  AND e.published_at IS NULL AND NOT e.held
+  AND e.published_at IS NULL AND NOT e.held AND e.status <> 'PUBLISHING'
   AND (e.aggregate_seq > live.s OR e.status = 'DEAD');
 
 -- name: ReleaseAggregates :exec

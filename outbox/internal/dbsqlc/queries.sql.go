@@ -55,7 +55,7 @@ agg AS (
 UPDATE outbox_event e SET held = true
 FROM live
 WHERE e.aggregate_type = live.t AND e.aggregate_id = live.i AND e.aggregate_seq >= live.s
-  AND e.published_at IS NULL AND NOT e.held
+  AND e.published_at IS NULL AND NOT e.held AND e.status <> 'PUBLISHING'
   AND (e.aggregate_seq > live.s OR e.status = 'DEAD')
 `
 
@@ -66,7 +66,12 @@ type BlockAggregatesParams struct {
 }
 
 // BlockAggregates holds, of each aggregate, the events after seq (and the
-// event at seq if DEAD), unless that event was published meanwhile.
+// event at seq if DEAD), unless that event was published meanwhile. It
+// never holds a PUBLISHING row: that row is under some relay's lease
+// (one whose claim came after the failure, when a lease was reaped), and
+// a held row is out of the reaper's reach and, once its owner returns it
+// to PENDING as failed, out of every claim's (a head is not held): the
+// aggregate would wait for ever. The owner records that row's own outcome.
 func (q *Queries) BlockAggregates(ctx context.Context, arg BlockAggregatesParams) error {
 	_, err := q.db.Exec(ctx, blockAggregates, arg.AggregateTypes, arg.AggregateIds, arg.Seqs)
 	return err

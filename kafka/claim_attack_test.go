@@ -1,0 +1,137 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkafka"
+	"github.com/idemkit/idem/kafka"
+	"github.com/idemkit/idem/outbox"
+)
+
+// pubGate holds each call until released and then either fails it
+// without sending (fail) or hands it to next.
+type pubGate struct {
+	next    outbox.Publisher
+	fail    bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (p *pubGate) Publish(ctx context.Context, events []outbox.Event) error {
+	select {
+	case p.entered <- struct{}{}:
+	default:
+	}
+	<-p.release
+	if p.fail {
+		return errors.New("gate: refused")
+	}
+	return p.next.Publish(ctx, events)
+}
+
+// A two-phase relay whose lease was reaped during a slow publish that then
+// fails must not record the failure against rows it no longer owns. Here
+// the slow relay leases a-1 (topic t1) and a-2 (topic t2); the reaper
+// returns them and a second relay leases both; the slow relay's publish
+// fails; the second relay delivers a-1 and fails a-2 (kfake rejects every
+// produce to t2), then t2 recovers. a-2 must still reach Kafka. When the
+// slow relay blocked the aggregate anyway, its BlockAggregates held a-2,
+// which was PUBLISHING under the second relay's lease: the second relay's
+// failure mark returned a-2 to PENDING still held, so no claim could see
+// it (a head must not be held), the sweep kept it (a failed event, its
+// attempts counted), and a-2 — and every later event of the aggregate —
+// waited for ever.
+func TestLostLeaseFailureDoesNotStrandNewOwnersEvents(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	c := testkafka.New(t)
+	c.CreateTopic(t, "t1", 1)
+	c.CreateTopic(t, "t2", 1)
+	ctx := context.Background()
+	newPub := func() outbox.Publisher {
+		p, err := kafka.NewPublisher(c.Client(t, kafka.ProducerOpts()...), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	slow := &pubGate{fail: true, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	second := &pubGate{next: newPub(), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	cfg := outbox.RelayConfig{Mode: outbox.TwoPhase, DisableNotify: true, BatchTimeout: time.Minute,
+		LeaseTTL: 3 * time.Minute, BackoffMin: time.Millisecond, BackoffMax: time.Millisecond, Logger: pubQuiet}
+	cfg.Owner = "slow"
+	slowRelay, err := outbox.NewRelay(db.Pool, slow, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Owner = "second"
+	secondRelay, err := outbox.NewRelay(db.Pool, second, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Owner = "third"
+	thirdRelay, err := outbox.NewRelay(db.Pool, newPub(), &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pubEnqueue(t, db, pubMsg("t1", "a", 1), pubMsg("t2", "a", 2))
+
+	slowDone := make(chan error, 1)
+	go func() { _, err := slowRelay.RunBatch(ctx); slowDone <- err }()
+	<-slow.entered
+	if _, err := db.Pool.Exec(ctx, "UPDATE outbox_event SET locked_at = now() - interval '1 hour'"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := thirdRelay.Reap(ctx); err != nil || n != 2 {
+		t.Fatalf("reap: %d, %v", n, err)
+	}
+	fault := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "t2", Err: kerr.InvalidRecord, Count: -1})
+	secondDone := make(chan error, 1)
+	go func() { _, err := secondRelay.RunBatch(ctx); secondDone <- err }()
+	<-second.entered // a-1 and a-2 are the second relay's
+	close(slow.release)
+	if err := <-slowDone; !errors.Is(err, outbox.ErrLeaseLost) {
+		t.Fatalf("slow relay: %v, want lease lost", err)
+	}
+	close(second.release)
+	if err := <-secondDone; err == nil || !strings.Contains(err.Error(), "1 of 2 events failed") {
+		t.Fatalf("second relay: %v, want a-2 failed", err)
+	}
+	fault.Remove()
+
+	deadline := time.Now().Add(30 * time.Second)
+	for pubCount(t, db, "status <> 'PUBLISHED'") > 0 {
+		if time.Now().After(deadline) {
+			rows, _ := db.Pool.Query(ctx, "SELECT event_id, status, held, attempts FROM outbox_event ORDER BY id")
+			var got []string
+			for rows.Next() {
+				var id, st string
+				var held bool
+				var att int
+				_ = rows.Scan(&id, &st, &held, &att)
+				got = append(got, id+" "+st+" held="+map[bool]string{true: "t", false: "f"}[held])
+			}
+			rows.Close()
+			t.Fatalf("a-2 never published: %v", got)
+		}
+		if _, err := thirdRelay.Reap(ctx); err != nil { // the sweep too
+			t.Fatal(err)
+		}
+		if _, err := thirdRelay.RunBatch(ctx); err != nil {
+			t.Logf("batch: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond) // the backoff of a-2
+	}
+	recs := c.ReadAll(t, "t1", 1, 10*time.Second)
+	recs = append(recs, c.ReadAll(t, "t2", 1, 10*time.Second)...)
+	pubCheckOrder(t, recs, map[string]int{"a": 2})
+}
