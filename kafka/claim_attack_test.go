@@ -135,3 +135,149 @@ func TestLostLeaseFailureDoesNotStrandNewOwnersEvents(t *testing.T) {
 	recs = append(recs, c.ReadAll(t, "t2", 1, 10*time.Second)...)
 	pubCheckOrder(t, recs, map[string]int{"a": 2})
 }
+
+// An aggregate can hold two DEAD events: a two-phase batch leased a-1 and
+// a-2 and never finished (a relay that crashes on the batch, say), and the
+// reaper took both back at the attempt limit. An operator discards a-2 and
+// leaves a-1 DEAD, to requeue later. a-3 must still wait for a-1: the
+// claim took a DISCARDED predecessor as "every earlier event is done",
+// true only of a discarded aggregate head, so a-3 was published while a-1
+// was DEAD, and a-1 after it once requeued — first deliveries out of
+// order.
+func TestDiscardBehindDeadEventKeepsOrder(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	c := testkafka.New(t)
+	c.CreateTopic(t, "orders", 1)
+	ctx := context.Background()
+	pub, err := kafka.NewPublisher(c.Client(t, kafka.ProducerOpts()...), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := &pubGate{fail: true, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	cfg := outbox.RelayConfig{Mode: outbox.TwoPhase, DisableNotify: true, MaxAttempts: 1, Logger: pubQuiet}
+	cfg.Owner = "crashing"
+	crashing, err := outbox.NewRelay(db.Pool, gate, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Owner = "relay"
+	relay, err := outbox.NewRelay(db.Pool, pub, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pubEnqueue(t, db, pubMsg("orders", "a", 1), pubMsg("orders", "a", 2))
+	done := make(chan error, 1)
+	go func() { _, err := crashing.RunBatch(ctx); done <- err }()
+	<-gate.entered
+	if _, err := db.Pool.Exec(ctx, "UPDATE outbox_event SET locked_at = now() - interval '1 hour'"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := relay.Reap(ctx); err != nil || n != 2 {
+		t.Fatalf("reap: %d, %v", n, err)
+	}
+	close(gate.release)
+	if err := <-done; !errors.Is(err, outbox.ErrLeaseLost) {
+		t.Fatalf("crashing relay: %v, want lease lost", err)
+	}
+	if n := pubCount(t, db, "status = 'DEAD'"); n != 2 {
+		t.Fatalf("%d DEAD events, want a-1 and a-2", n)
+	}
+	pubEnqueue(t, db, pubMsg("orders", "a", 3))
+	admin := outbox.NewAdmin(db.Pool)
+	act := outbox.Action{Actor: "test", Reason: "poison"}
+	if err := admin.Discard(ctx, "a-2", act); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := relay.RunBatch(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := admin.Requeue(ctx, "a-1", act); err != nil {
+		t.Fatal(err)
+	}
+	pubEventually(t, "a-1 and a-3 published", 20*time.Second, func() bool {
+		if _, err := relay.RunBatch(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return pubCount(t, db, "status = 'PUBLISHED'") == 2
+	})
+	var got []string
+	for _, r := range c.ReadAll(t, "orders", 2, 10*time.Second) {
+		got = append(got, pubHeader(r, kafka.HeaderEventID))
+	}
+	if strings.Join(got, " ") != "a-1 a-3" {
+		t.Fatalf("Kafka holds %v, want a-1 a-3", got)
+	}
+}
+
+// The sweep releases a blocked aggregate that has no failed event left
+// (here: the state a two-phase relay leaves when it dies between marking a
+// retried event PUBLISHED and releasing its aggregate) from sequence 0. A
+// DISCARDED event of that aggregate must stay held: unheld, it sat in the
+// claim's window as its aggregate's first row, never PENDING, so no later
+// event of the aggregate was ever a head again.
+func TestSweepKeepsDiscardedEventHeld(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []outbox.Mode{outbox.AtLeastOnce, outbox.TwoPhase} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t)
+			c := testkafka.New(t)
+			c.CreateTopic(t, "orders", 1)
+			ctx := context.Background()
+			pub, err := kafka.NewPublisher(c.Client(t, kafka.ProducerOpts()...), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			relay, err := outbox.NewRelay(db.Pool, pub, &outbox.RelayConfig{Mode: mode, DisableNotify: true,
+				MaxAttempts: 1, Logger: pubQuiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pubEnqueue(t, db, pubMsg("orders", "a", 1))
+			c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "orders", Err: kerr.InvalidRecord})
+			if _, err := relay.RunBatch(ctx); err == nil {
+				t.Fatal("a-1 delivered, want it failed")
+			}
+			if n := pubCount(t, db, "status = 'DEAD'"); n != 1 {
+				t.Fatalf("%d DEAD, want a-1", n)
+			}
+			if err := outbox.NewAdmin(db.Pool).Discard(ctx, "a-1", outbox.Action{Actor: "test", Reason: "poison"}); err != nil {
+				t.Fatal(err)
+			}
+			pubEnqueue(t, db, pubMsg("orders", "a", 2))
+			if _, err := relay.RunBatch(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// a-2 was delivered as a retry and its relay died before the
+			// release: the aggregate stays blocked, and a-3 is enqueued
+			// held.
+			if _, err := db.Pool.Exec(ctx, "UPDATE outbox_aggregate SET blocked = true"); err != nil {
+				t.Fatal(err)
+			}
+			pubEnqueue(t, db, pubMsg("orders", "a", 3))
+			if n := pubCount(t, db, "held AND event_id = 'a-3'"); n != 1 {
+				t.Fatal("a-3 is not held")
+			}
+			if _, err := relay.Reap(ctx); err != nil { // the sweep
+				t.Fatal(err)
+			}
+			pubEnqueue(t, db, pubMsg("orders", "a", 4))
+			pubEventually(t, "a-3 and a-4 published", 20*time.Second, func() bool {
+				if _, err := relay.RunBatch(ctx); err != nil {
+					t.Fatal(err)
+				}
+				return pubCount(t, db, "status = 'PUBLISHED'") == 3
+			})
+			var got []string
+			for _, r := range c.ReadAll(t, "orders", 3, 10*time.Second) {
+				got = append(got, pubHeader(r, kafka.HeaderEventID))
+			}
+			if strings.Join(got, " ") != "a-2 a-3 a-4" {
+				t.Fatalf("Kafka holds %v, want a-2 a-3 a-4", got)
+			}
+		})
+	}
+}
