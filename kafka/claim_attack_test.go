@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/idemkit/idem/internal/testdb"
@@ -277,6 +278,72 @@ func TestSweepKeepsDiscardedEventHeld(t *testing.T) {
 			}
 			if strings.Join(got, " ") != "a-2 a-3 a-4" {
 				t.Fatalf("Kafka holds %v, want a-2 a-3 a-4", got)
+			}
+		})
+	}
+}
+
+// The publisher's Check refuses a-3 (over the client's batch limit) and
+// the produce of a-1 and a-2 fails (kfake): a-1 is the aggregate's first
+// failure, so a-2 and a-3 are held behind it, not attempted, not counted
+// (the package doc: a failed event ends its aggregate for the batch), and
+// the aggregate is blocked at a-1. The refusal was counted and blocked
+// first (the Checker runs before the call): a-3 went DEAD beside a-1 at
+// MaxAttempts 1, a second DEAD event of one aggregate, and the block
+// started at a-3, leaving a-1 (DEAD) and a-2 in the claim's index.
+func TestCheckerRefusalBehindFailedEventIsHeld(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []outbox.Mode{outbox.AtLeastOnce, outbox.TwoPhase} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			c := testkafka.New(t)
+			c.CreateTopic(t, "orders", 1)
+			db := testdb.New(t)
+			pub, err := kafka.NewPublisher(c.Client(t, kgo.ProducerBatchMaxBytes(4096)), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			big := pubMsg("orders", "a", 3)
+			big.Payload = []byte(strings.Repeat("x", 10_000))
+			pubEnqueue(t, db, pubMsg("orders", "a", 1), pubMsg("orders", "a", 2), big, pubMsg("orders", "a", 4))
+			r, err := outbox.NewRelay(db.Pool, pub, &outbox.RelayConfig{Mode: mode, DisableNotify: true,
+				MaxAttempts: 1, Logger: pubQuiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "orders", Err: kerr.InvalidRecord})
+			if n, err := r.RunBatch(context.Background()); n != 4 || err == nil {
+				t.Fatalf("RunBatch = %d, %v; want 4 and a failure", n, err)
+			}
+			type st struct {
+				status   string
+				attempts int
+				held     bool
+			}
+			got := map[string]st{}
+			rows, err := db.Pool.Query(context.Background(), "SELECT event_id, status, attempts, held FROM outbox_event")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var id string
+				var s st
+				if err := rows.Scan(&id, &s.status, &s.attempts, &s.held); err != nil {
+					t.Fatal(err)
+				}
+				got[id] = s
+			}
+			rows.Close()
+			want := map[string]st{
+				"a-1": {"DEAD", 1, true},
+				"a-2": {"PENDING", 0, true},
+				"a-3": {"PENDING", 0, true},
+				"a-4": {"PENDING", 0, true},
+			}
+			for id, w := range want {
+				if got[id] != w {
+					t.Errorf("%s: %+v, want %+v", id, got[id], w)
+				}
 			}
 		})
 	}

@@ -94,7 +94,11 @@
 // Publisher for the exact contract). An aggregate whose events in a batch
 // all go to one topic — the common case — is in the first wave whole, so
 // such a batch is one call. A Publisher that is also a Checker is asked
-// first about every event; a refused event fails without being sent.
+// first about every event; a refused event fails without being sent,
+// unless an earlier event of its aggregate fails in the batch's calls:
+// then it is held like the rest of its aggregate, not counted, so that an
+// aggregate's only failed (and only DEAD) event is its first unpublished
+// one.
 //
 // Modes: AtLeastOnce claims, publishes and marks inside one transaction;
 // TwoPhase moves the batch PENDING → PUBLISHING under a lease (owner,
