@@ -43,7 +43,7 @@ func readToEnd(t *testing.T, c *testkafka.Cluster, topic string) []*kgo.Record {
 	return c.ReadAll(t, topic, n, 30*time.Second)
 }
 
-// Randomized: three relays of one mode on one table, small batches of
+// Randomized: three relays of one mode (or of both) on one table, small batches of
 // different sizes (so that hot aggregates' backlogs straddle the window
 // and the window grows and shrinks), events of one aggregate spread over
 // three topics (waves), writers enqueueing interleaved aggregates (some
@@ -59,8 +59,17 @@ func readToEnd(t *testing.T, c *testkafka.Cluster, topic string) []*kgo.Record {
 // row is in Kafka.
 func TestRandomizedClaimKeepsOrderAndLosesNothing(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []outbox.Mode{outbox.AtLeastOnce, outbox.TwoPhase} {
-		t.Run(mode.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		modes [3]outbox.Mode
+	}{
+		{"at-least-once", [3]outbox.Mode{outbox.AtLeastOnce, outbox.AtLeastOnce, outbox.AtLeastOnce}},
+		{"two-phase", [3]outbox.Mode{outbox.TwoPhase, outbox.TwoPhase, outbox.TwoPhase}},
+		// The reaper runs in both modes because relays of both may share a
+		// table (Relay.reapLoop).
+		{"mixed", [3]outbox.Mode{outbox.AtLeastOnce, outbox.TwoPhase, outbox.AtLeastOnce}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			seed := uint64(time.Now().UnixNano())
 			t.Logf("seed %d", seed)
@@ -77,7 +86,7 @@ func TestRandomizedClaimKeepsOrderAndLosesNothing(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				r, err := outbox.NewRelay(db.Pool, pub, &outbox.RelayConfig{Mode: mode, BatchSize: bs,
+				r, err := outbox.NewRelay(db.Pool, pub, &outbox.RelayConfig{Mode: tc.modes[i], BatchSize: bs,
 					PollInterval: 20 * time.Millisecond, ReapInterval: 100 * time.Millisecond, MaxAttempts: 2,
 					BackoffMin: time.Millisecond, BackoffMax: 30 * time.Millisecond,
 					Owner: fmt.Sprintf("relay-%d", i), Logger: pubQuiet})
