@@ -47,8 +47,9 @@
 // predecessor that is not held is in the window whenever its successor
 // is, and a head is its aggregate's first row there with no earlier event
 // of its aggregate among the held rows, DISCARDED ones excepted (probed in
-// a small index of held rows, empty while nothing fails). When the window's heads fall short (one aggregate's long run, other relays' batches, heads in
-// backoff), it goes on by aggregate: an index of the same rows by
+// a small index of held rows, empty while nothing fails). When the
+// window's heads fall short (one aggregate's long run, other relays'
+// batches, heads in backoff), it goes on by aggregate: an index of the same rows by
 // (aggregate type, aggregate id, sequence) gives each aggregate's first
 // one in a single descent, and the claim walks the aggregates (a skip
 // scan) until its batch has its heads. So an aggregate with 100,000 events
@@ -96,8 +97,8 @@
 // such a batch is one call. A Publisher that is also a Checker is asked
 // first about every event; a refused event fails without being sent,
 // unless an earlier event of its aggregate fails in the batch's calls:
-// then it is held like the rest of its aggregate, not counted, so that an
-// aggregate's only failed (and only DEAD) event is its first unpublished
+// then it is held like the rest of its aggregate, not counted, so that a
+// batch fails at most one event of an aggregate, its first unpublished
 // one.
 //
 // Modes: AtLeastOnce claims, publishes and marks inside one transaction;
