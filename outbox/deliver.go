@@ -178,8 +178,36 @@ func (r *Relay) deliver(ctx context.Context, events []Event) outcome {
 			}
 		}
 	}
+	o.unrefuse(events)
 	r.emitOutcome(ctx, events, &o)
 	return o
+}
+
+// unrefuse turns a Checker's refusal into a held event when an earlier
+// event of its aggregate failed in the batch's calls: the refusal was
+// found first, but the event comes after the failure, which ends its
+// aggregate for the batch (not attempted, not counted). Counted, it could
+// go DEAD beside the earlier failure, and a DEAD event must be its
+// aggregate's first unpublished one (an operator's Discard of it says
+// nothing of the events before it).
+func (o *outcome) unrefuse(events []Event) {
+	first := map[aggregateKey]int64{} // the lowest failed sequence
+	for _, i := range o.failed {
+		k := events[i].aggregate()
+		if s, ok := first[k]; !ok || events[i].Seq < s {
+			first[k] = events[i].Seq
+		}
+	}
+	kept := o.failed[:0]
+	for _, i := range o.failed {
+		if events[i].Seq > first[events[i].aggregate()] {
+			o.errs[i] = nil
+			o.held = append(o.held, i)
+			continue
+		}
+		kept = append(kept, i)
+	}
+	o.failed = kept
 }
 
 // publishContext is the batch context less a quarter of BatchTimeout. A

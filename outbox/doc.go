@@ -45,10 +45,11 @@
 // the predecessor check cheap: ids follow sequences within an aggregate
 // (both are taken under the counter row lock), so an unpublished
 // predecessor that is not held is in the window whenever its successor
-// is, and a head is its aggregate's first row there whose predecessor is
-// not a held row (probed in a small index of held rows, empty while
-// nothing fails). When the window's heads fall short (one aggregate's long run, other relays' batches, heads in
-// backoff), it goes on by aggregate: an index of the same rows by
+// is, and a head is its aggregate's first row there with no earlier event
+// of its aggregate among the held rows, DISCARDED ones excepted (probed in
+// a small index of held rows, empty while nothing fails). When the
+// window's heads fall short (one aggregate's long run, other relays'
+// batches, heads in backoff), it goes on by aggregate: an index of the same rows by
 // (aggregate type, aggregate id, sequence) gives each aggregate's first
 // one in a single descent, and the claim walks the aggregates (a skip
 // scan) until its batch has its heads. So an aggregate with 100,000 events
@@ -76,7 +77,9 @@
 // and read the new one, writing their events held while it is set). The
 // relay blocks the aggregate in the transaction that records the failure
 // (a two-phase relay while the failed row is still under its lease, so no
-// other relay can deliver it first), and releases it when it delivers an
+// other relay can deliver it first; one whose lease was reaped records
+// nothing for that row and blocks nothing, the new owner does, and a
+// block never holds a row in flight), and releases it when it delivers an
 // event that had failed before; Requeue releases a requeued aggregate;
 // and the reaper's sweep releases any blocked aggregate with no failed
 // event left (a crash between a mark and its release, a row removed by
@@ -92,7 +95,11 @@
 // Publisher for the exact contract). An aggregate whose events in a batch
 // all go to one topic — the common case — is in the first wave whole, so
 // such a batch is one call. A Publisher that is also a Checker is asked
-// first about every event; a refused event fails without being sent.
+// first about every event; a refused event fails without being sent,
+// unless an earlier event of its aggregate fails in the batch's calls:
+// then it is held like the rest of its aggregate, not counted, so that a
+// batch fails at most one event of an aggregate, its first unpublished
+// one.
 //
 // Modes: AtLeastOnce claims, publishes and marks inside one transaction;
 // TwoPhase moves the batch PENDING → PUBLISHING under a lease (owner,
@@ -119,7 +126,11 @@
 // recorded in the row's audit trail: Requeue returns it to PENDING with
 // its attempts reset; Discard gives it the terminal status DISCARDED,
 // which the claim counts as done, so the later events of its aggregate
-// are published and it never is (the row stays).
+// are published and it never is (the row stays) — once every earlier
+// event is done too: an aggregate may have two DEAD events (a two-phase
+// batch of both, reaped at the attempt limit), and discarding the second
+// leaves the later ones waiting for the first. A DISCARDED event stays
+// held whatever releases its aggregate.
 //
 // Deadlines: each batch runs on
 // context.WithTimeout(context.WithoutCancel(ctx), BatchTimeout), the same

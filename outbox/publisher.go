@@ -65,7 +65,9 @@ type Publisher interface {
 // relay checks every event it is about to hand over; a refusal counts as a
 // failed attempt of that event (retried with backoff, DEAD after
 // MaxAttempts), the later events of its aggregate wait behind it, and the
-// rest of the batch goes out. Check must be fast and must not block: it
+// rest of the batch goes out. When an earlier event of the same aggregate
+// then fails in the call, the refused one is held behind that failure
+// instead, not counted. Check must be fast and must not block: it
 // runs once per event of every batch.
 type Checker interface {
 	Check(e Event) error

@@ -463,6 +463,14 @@ func (r *Relay) batchTwoPhase(ctx context.Context) (b result) {
 	}
 	var dead []int64
 	block, release := settlement(events, &b.o)
+	if int(marked) < len(b.o.ok) {
+		// Some delivered events had been reaped (and perhaps claimed
+		// again) before the mark: their aggregates may be another relay's
+		// now, and its failure would be undone by this release. Release
+		// nothing; the sweep releases an aggregate left blocked with no
+		// failed event.
+		release = aggSeqs{}
+	}
 	if len(b.o.failed)+len(b.o.held) > 0 {
 		p := r.failParams(events, b.o)
 		counted := make([]bool, len(p.ids))
@@ -479,7 +487,7 @@ func (r *Relay) batchTwoPhase(ctx context.Context) (b result) {
 		failed, err := r.markFailedLease(ctx, dbsqlc.MarkFailedLeaseParams{
 			MaxAttempts: int32(r.cfg.MaxAttempts), Token: token,
 			Ids: p.ids, Errs: p.errs, DelaysMs: p.delays, Counted: counted,
-		}, block, release)
+		}, events, block, release)
 		if err != nil {
 			b.err = err
 			return b
@@ -600,7 +608,12 @@ func (r *Relay) claim(ctx context.Context,
 // release, in one transaction with settle, so that no other relay can
 // claim a failed event (still PUBLISHING under this lease until the
 // commit) and deliver it before its aggregate is recorded as blocked.
-func (r *Relay) markFailedLease(ctx context.Context, p dbsqlc.MarkFailedLeaseParams, block, release aggSeqs) ([]dbsqlc.MarkFailedLeaseRow, error) {
+//
+// It blocks only the aggregates whose failed event the mark changed, that
+// is, still under this lease: one that was reaped is another relay's to
+// settle (perhaps claimed again and in flight, or delivered), and blocking
+// its aggregate here would hold events of the new owner's batch.
+func (r *Relay) markFailedLease(ctx context.Context, p dbsqlc.MarkFailedLeaseParams, events []Event, block, release aggSeqs) ([]dbsqlc.MarkFailedLeaseRow, error) {
 	if block.empty() && release.empty() {
 		rows, err := r.q.MarkFailedLease(ctx, p)
 		if err != nil {
@@ -615,9 +628,34 @@ func (r *Relay) markFailedLease(ctx context.Context, p dbsqlc.MarkFailedLeasePar
 		if rows, err = q.MarkFailedLease(ctx, p); err != nil {
 			return fmt.Errorf("outbox: mark failed: %w", err)
 		}
-		return settle(ctx, q, block, release)
+		return settle(ctx, q, ownedBlock(events, block, rows), release)
 	})
 	return rows, err
+}
+
+// ownedBlock is block less the aggregates whose failed event is not among
+// the rows MarkFailedLease changed (its lease was lost).
+func ownedBlock(events []Event, block aggSeqs, marked []dbsqlc.MarkFailedLeaseRow) aggSeqs {
+	ids := make(map[int64]bool, len(marked))
+	for _, m := range marked {
+		ids[m.ID] = true
+	}
+	at := make(map[aggregateKey]map[int64]int64) // aggregate → seq → id
+	for i := range events {
+		k := events[i].aggregate()
+		if at[k] == nil {
+			at[k] = map[int64]int64{}
+		}
+		at[k][events[i].Seq] = events[i].ID
+	}
+	var out aggSeqs
+	for j := range block.types {
+		k := aggregateKey{block.types[j], block.ids[j]}
+		if ids[at[k][block.seqs[j]]] {
+			out.add(k, block.seqs[j])
+		}
+	}
+	return out
 }
 
 type failParams struct {

@@ -124,11 +124,14 @@ SELECT pg_advisory_unlock(1768189184, 'outbox_event'::regclass::oid::int),
 --
 -- Per-aggregate order (all four claims): "heads" are PENDING, available
 -- events with no unpublished (PENDING, PUBLISHING or DEAD) event of the
--- same aggregate before them; checking the direct predecessor (seq - 1)
--- is enough, because sequences have no gaps and an event is published
--- only after its predecessor (a purged predecessor was published). A
--- DISCARDED predecessor (an operator's decision, see outbox.Admin.Discard)
--- counts as done, like a PUBLISHED one. Locking a head (FOR UPDATE SKIP
+-- same aggregate before them; a DISCARDED event (an operator's decision,
+-- see outbox.Admin.Discard) counts as done, like a PUBLISHED one. A
+-- PUBLISHED or purged predecessor (seq - 1) would be enough, as an event
+-- is published only after its predecessor, but a DISCARDED one is not:
+-- an aggregate can hold two DEAD events (a two-phase batch of both, reaped
+-- at the attempt limit), and discarding the second says nothing of the
+-- first. So the check looks at every earlier event, cheaply (below).
+-- Locking a head (FOR UPDATE SKIP
 -- LOCKED) gives this relay the whole aggregate: every later event of it
 -- has the head as an unpublished predecessor, so no other relay sees it as
 -- a head. The claim then extends each head with the contiguous run of
@@ -144,9 +147,12 @@ SELECT pg_advisory_unlock(1768189184, 'outbox_event'::regclass::oid::int),
 -- oldest window_size unpublished rows that are not held, by id) whenever
 -- the successor is. A candidate from the window is therefore a head when
 -- it is its aggregate's first row in the window (hashed: the minimum
--- sequence per aggregate) and its predecessor is not a held row, the one
--- case the window cannot see, probed in outbox_event_held_idx (unpublished
--- held rows: small, and empty while nothing fails). The check does not
+-- sequence per aggregate) and no earlier event of its aggregate is a held
+-- row (DISCARDED ones excepted), the one case the window cannot see,
+-- probed in outbox_event_held_idx (unpublished held rows: small, and
+-- empty while nothing fails; a range of one aggregate's entries before the
+-- candidate, which is empty unless a flag is stale or events were
+-- discarded). The check does not
 -- trust held: a wrong flag either takes a row out of the window (it is
 -- then probed as held) or leaves it in (it is then seen in the window), so
 -- a stale held flag can delay an event, never reorder one.
@@ -222,7 +228,7 @@ by_id AS (
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq = o.aggregate_seq - 1
+            AND p.aggregate_seq < o.aggregate_seq
             AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
@@ -241,7 +247,7 @@ by_aggregate AS (
           AND NOT EXISTS (
               SELECT 1 FROM outbox_event p
               WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-                AND p.aggregate_seq = o.aggregate_seq - 1
+                AND p.aggregate_seq < o.aggregate_seq
                 AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
         FOR UPDATE OF o SKIP LOCKED
     ) h
@@ -356,7 +362,7 @@ by_id AS (
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq = o.aggregate_seq - 1
+            AND p.aggregate_seq < o.aggregate_seq
             AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
@@ -375,7 +381,7 @@ by_aggregate AS (
           AND NOT EXISTS (
               SELECT 1 FROM outbox_event p
               WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-                AND p.aggregate_seq = o.aggregate_seq - 1
+                AND p.aggregate_seq < o.aggregate_seq
                 AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
         FOR UPDATE OF o SKIP LOCKED
     ) h
@@ -452,7 +458,7 @@ WITH heads AS (
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq = o.aggregate_seq - 1
+            AND p.aggregate_seq < o.aggregate_seq
             AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
@@ -483,7 +489,7 @@ WITH heads AS (
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event p
           WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq = o.aggregate_seq - 1
+            AND p.aggregate_seq < o.aggregate_seq
             AND p.held AND p.published_at IS NULL AND p.status <> 'DISCARDED')
     ORDER BY o.id
     LIMIT sqlc.arg(batch_size)::int
@@ -673,7 +679,12 @@ ORDER BY a.aggregate_type, a.aggregate_id
 FOR UPDATE OF a;
 
 -- BlockAggregates holds, of each aggregate, the events after seq (and the
--- event at seq if DEAD), unless that event was published meanwhile.
+-- event at seq if DEAD), unless that event was published meanwhile. It
+-- never holds a PUBLISHING row: that row is under some relay's lease
+-- (one whose claim came after the failure, when a lease was reaped), and
+-- a held row is out of the reaper's reach and, once its owner returns it
+-- to PENDING as failed, out of every claim's (a head is not held): the
+-- aggregate would wait for ever. The owner records that row's own outcome.
 -- name: BlockAggregates :exec
 WITH u AS (
     SELECT unnest(sqlc.arg(aggregate_types)::text[]) AS t, unnest(sqlc.arg(aggregate_ids)::text[]) AS i,
@@ -694,7 +705,7 @@ agg AS (
 UPDATE outbox_event e SET held = true
 FROM live
 WHERE e.aggregate_type = live.t AND e.aggregate_id = live.i AND e.aggregate_seq >= live.s
-  AND e.published_at IS NULL AND NOT e.held
+  AND e.published_at IS NULL AND NOT e.held AND e.status <> 'PUBLISHING'
   AND (e.aggregate_seq > live.s OR e.status = 'DEAD');
 
 -- name: ReleaseAggregates :exec
@@ -711,7 +722,7 @@ agg AS (
 UPDATE outbox_event e SET held = false
 FROM u
 WHERE e.aggregate_type = u.t AND e.aggregate_id = u.i AND e.aggregate_seq > u.s
-  AND e.held AND e.published_at IS NULL AND e.status <> 'DEAD';
+  AND e.held AND e.published_at IS NULL AND e.status NOT IN ('DEAD', 'DISCARDED');
 
 -- OrphanBlocked locks blocked aggregates that have no failed event left
 -- (whatever removed it: a publish whose release was lost in a crash, a
