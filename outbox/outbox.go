@@ -42,6 +42,13 @@ type DBTX interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// MaxFieldBytes bounds each of a Message's Topic, AggregateType,
+// AggregateID, EventID and EventType: the aggregate and the event id are
+// index keys, and PostgreSQL refuses an index entry over about 2.7 KB with
+// an error that would abort the caller's transaction. Longer fields are an
+// ErrInvalidMessage before anything is written.
+const MaxFieldBytes = 1024
+
 // Message is one event to publish.
 type Message struct {
 	// Topic is the destination (a Kafka topic, a NATS subject). Required.
@@ -150,6 +157,9 @@ func enqueue(ctx context.Context, db DBTX, msgs []Message) ([]string, error) {
 		} {
 			if !storable(f.v) {
 				return nil, fmt.Errorf("%w: message %d: %s is not valid UTF-8 without NUL", ErrInvalidMessage, i, f.name)
+			}
+			if len(f.v) > MaxFieldBytes {
+				return nil, fmt.Errorf("%w: message %d: %s is %d bytes, more than %d", ErrInvalidMessage, i, f.name, len(f.v), MaxFieldBytes)
 			}
 		}
 		for k, v := range m.Headers {

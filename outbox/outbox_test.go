@@ -2,6 +2,8 @@ package outbox_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
@@ -875,6 +877,56 @@ func TestEnqueueRejectsUnstorableText(t *testing.T) {
 	}
 	if st := statuses(t, db); len(st) != 0 {
 		t.Fatalf("rows written: %v", st)
+	}
+}
+
+// Fields over MaxFieldBytes are an ErrInvalidMessage naming the field, not
+// PostgreSQL's index-row error aborting the caller's transaction; fields at
+// the limit, incompressible, fit the indexes (type and id together in one).
+func TestEnqueueBoundsFieldLength(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	long := func(n int) string {
+		b := make([]byte, n)
+		_, _ = rand.Read(b)
+		return base64.RawStdEncoding.EncodeToString(b)[:n]
+	}
+	atLimit := outbox.Message{Topic: long(outbox.MaxFieldBytes), AggregateType: long(outbox.MaxFieldBytes),
+		AggregateID: long(outbox.MaxFieldBytes), EventID: long(outbox.MaxFieldBytes), EventType: long(outbox.MaxFieldBytes)}
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	for _, field := range []string{"Topic", "AggregateType", "AggregateID", "EventID", "EventType"} {
+		m := atLimit
+		over := long(outbox.MaxFieldBytes + 1)
+		switch field {
+		case "Topic":
+			m.Topic = over
+		case "AggregateType":
+			m.AggregateType = over
+		case "AggregateID":
+			m.AggregateID = over
+		case "EventID":
+			m.EventID = over
+		case "EventType":
+			m.EventType = over
+		}
+		if _, err := outbox.EnqueueTx(ctx, tx, m); !errors.Is(err, outbox.ErrInvalidMessage) || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s over the limit: err = %v, want ErrInvalidMessage naming it", field, err)
+		}
+	}
+	// The transaction is still usable, and the fields at the limit fit.
+	if _, err := outbox.EnqueueTx(ctx, tx, atLimit); err != nil {
+		t.Fatalf("fields at the limit: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := statuses(t, db); len(st) != 1 {
+		t.Fatalf("rows written: %v, want the one at the limit", st)
 	}
 }
 
