@@ -178,7 +178,9 @@ func TestClaimCostBoundedByBlockedBacklog(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'outbox_event'::regclass").Scan(&dead); err != nil {
 		t.Fatal(err)
 	}
-	bound := int64(5*(aggs/2+ready) + 20*ready)
+	// Each dead version left may cost a buffer more (make test once saw
+	// 5,455 with a few hundred left, 4,911 on a quiet server).
+	bound := int64(5*(aggs/2+ready)+20*ready) + dead
 	switch {
 	case dead > aggs:
 		// A few hundred remain on a quiet server (the last updates'
