@@ -178,9 +178,12 @@ func TestClaimCostBoundedByBlockedBacklog(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'outbox_event'::regclass").Scan(&dead); err != nil {
 		t.Fatal(err)
 	}
-	// Each dead version left may cost a buffer more (make test once saw
-	// 5,455 with a few hundred left, 4,911 on a quiet server).
-	bound := int64(5*(aggs/2+ready)+20*ready) + dead
+	// The plan varies with the statistics ANALYZE samples (make test once
+	// saw 1,300 rows and 5,455 buffers, a quiet server 1,601 and 4,911),
+	// and each dead version left may cost a buffer more: the bound is
+	// twice the estimate, still far from what a scan of the backlog costs
+	// (each of its 100,000 rows visited is a buffer access).
+	bound := 2*int64(5*(aggs/2+ready)+20*ready) + dead
 	switch {
 	case dead > aggs:
 		// A few hundred remain on a quiet server (the last updates'
