@@ -155,11 +155,11 @@ func (b *doorbell) leave(ctx context.Context, r *Relay, armed bool) {
 		b.disarm(dctx)
 	}
 	if b.conn != nil {
-		if b.q.RingDoorbell(dctx) == nil {
-			b.close(ctx)
+		err := b.q.RingDoorbell(dctx)
+		b.close(ctx)
+		if err == nil {
 			return
 		}
-		b.close(ctx)
 	}
 	_ = r.q.RingDoorbell(dctx)
 }

@@ -640,18 +640,18 @@ func ownedBlock(events []Event, block aggSeqs, marked []dbsqlc.MarkFailedLeaseRo
 	for _, m := range marked {
 		ids[m.ID] = true
 	}
-	at := make(map[aggregateKey]map[int64]int64) // aggregate → seq → id
+	type at struct {
+		k   aggregateKey
+		seq int64
+	}
+	id := make(map[at]int64, len(events))
 	for i := range events {
-		k := events[i].aggregate()
-		if at[k] == nil {
-			at[k] = map[int64]int64{}
-		}
-		at[k][events[i].Seq] = events[i].ID
+		id[at{events[i].aggregate(), events[i].Seq}] = events[i].ID
 	}
 	var out aggSeqs
 	for j := range block.types {
 		k := aggregateKey{block.types[j], block.ids[j]}
-		if ids[at[k][block.seqs[j]]] {
+		if ids[id[at{k, block.seqs[j]}]] {
 			out.add(k, block.seqs[j])
 		}
 	}

@@ -101,6 +101,7 @@ func (p *Proxy) Cut() int {
 	conns := p.conns
 	p.conns = map[*pair]struct{}{}
 	p.cuts += len(conns)
+	stall := p.stalled
 	p.mu.Unlock()
 	for c := range conns {
 		c.reset()
@@ -108,8 +109,13 @@ func (p *Proxy) Cut() int {
 	// The stall ends only now: a pipe held at the gate must find its
 	// sockets closed, not forward the held bytes in the moment before the
 	// reset (seen under load: the client read the answer to a request sent
-	// during the stall, after the cut).
-	p.Resume()
+	// during the stall, after the cut). Only the stall the cut found ends:
+	// one begun since is not this cut's.
+	p.mu.Lock()
+	if p.stalled == stall {
+		p.endStallLocked()
+	}
+	p.mu.Unlock()
 	return len(conns)
 }
 
