@@ -198,19 +198,32 @@ func TestDiscardBehindDeadEventKeepsOrder(t *testing.T) {
 	if err := admin.Requeue(ctx, "a-1", act); err != nil {
 		t.Fatal(err)
 	}
-	pubEventually(t, "a-1 and a-3 published", 20*time.Second, func() bool {
-		if _, err := relay.RunBatch(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return pubCount(t, db, "status = 'PUBLISHED'") == 2
-	})
-	var got []string
-	for _, r := range c.ReadAll(t, "orders", 2, 10*time.Second) {
-		got = append(got, pubHeader(r, kafka.HeaderEventID))
-	}
-	if strings.Join(got, " ") != "a-1 a-3" {
+	runUntilPublished(t, relay, db, "a-1 and a-3 published", 2)
+	if got := eventIDs(t, c, "orders", 2); got != "a-1 a-3" {
 		t.Fatalf("Kafka holds %v, want a-1 a-3", got)
 	}
+}
+
+// runUntilPublished runs relay's batches until n rows are PUBLISHED.
+func runUntilPublished(t *testing.T, relay *outbox.Relay, db *testdb.DB, what string, n int) {
+	t.Helper()
+	pubEventually(t, what, 20*time.Second, func() bool {
+		if _, err := relay.RunBatch(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return pubCount(t, db, "status = 'PUBLISHED'") == n
+	})
+}
+
+// eventIDs reads n records of topic and returns their event ids, in
+// order, space-separated.
+func eventIDs(t *testing.T, c *testkafka.Cluster, topic string, n int) string {
+	t.Helper()
+	var got []string
+	for _, r := range c.ReadAll(t, topic, n, 10*time.Second) {
+		got = append(got, pubHeader(r, kafka.HeaderEventID))
+	}
+	return strings.Join(got, " ")
 }
 
 // The sweep releases a blocked aggregate that has no failed event left
@@ -266,17 +279,8 @@ func TestSweepKeepsDiscardedEventHeld(t *testing.T) {
 				t.Fatal(err)
 			}
 			pubEnqueue(t, db, pubMsg("orders", "a", 4))
-			pubEventually(t, "a-3 and a-4 published", 20*time.Second, func() bool {
-				if _, err := relay.RunBatch(ctx); err != nil {
-					t.Fatal(err)
-				}
-				return pubCount(t, db, "status = 'PUBLISHED'") == 3
-			})
-			var got []string
-			for _, r := range c.ReadAll(t, "orders", 3, 10*time.Second) {
-				got = append(got, pubHeader(r, kafka.HeaderEventID))
-			}
-			if strings.Join(got, " ") != "a-2 a-3 a-4" {
+			runUntilPublished(t, relay, db, "a-3 and a-4 published", 3)
+			if got := eventIDs(t, c, "orders", 3); got != "a-2 a-3 a-4" {
 				t.Fatalf("Kafka holds %v, want a-2 a-3 a-4", got)
 			}
 		})
