@@ -53,7 +53,8 @@ var mutants = []mutant{
 	// The relay's publisher reports one event in 25 delivered without
 	// producing it.
 	{"relay-drops-one-in-n", []string{"lost-event"}},
-	// idemclient sends its third attempt and later ones under a new key.
+	// idemclient sends its retries (the second attempt and later ones)
+	// under a new key: a run need not reach a third attempt of any charge.
 	{"idemclient-new-key-on-retry", []string{"wrong-key", "double-charge"}},
 	// 8s after a process's last charge, the charger charges that command
 	// again under a new key: only a ledger watched longer than that, once
