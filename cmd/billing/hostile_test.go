@@ -229,8 +229,11 @@ func TestHostileInputBilling(t *testing.T) {
 
 	after := rssKB(t, p.cmd.Process.Pid)
 	t.Logf("billing VmRSS %d kB before, %d kB after 1,000 requests with 32 KiB methods and the rest", before, after)
-	if after-before > 24<<10 {
-		t.Errorf("VmRSS grew by %d kB (from %d kB), want at most 24 MiB", after-before, before)
+	// The growth the race-built binary shows varies with when its GC ran:
+	// -6 to +26 MB over five runs of this test; the unbounded methods it
+	// guards against grew it by 206 MB.
+	if after-before > 64<<10 {
+		t.Errorf("VmRSS grew by %d kB (from %d kB), want at most 64 MiB", after-before, before)
 	}
 	m := newClient(p.Addr, "").must(t, "GET", "/metrics", "", "")
 	if m.Status != 200 || len(m.Body) > 64<<10 {
