@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/url"
@@ -39,6 +40,9 @@ type benchEnv struct {
 	Ints    map[string]*int
 	Strings map[string]*string
 	Bools   map[string]*bool
+	// Set names the flags given on the command line (not left at their
+	// defaults), so that a scenario can tell an explicit ask from a default.
+	Set map[string]bool
 }
 
 // benchFlags lets a scenario declare integer and string flags.
@@ -121,7 +125,9 @@ func runBench(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return cli.Usagef("unexpected argument %q", fs.Arg(0))
 	}
-	results, err := sc.Run(ctx, &benchEnv{DatabaseURL: *dbURL, Log: os.Stderr, Ints: bf.ints, Strings: bf.strs, Bools: bf.bools})
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	results, err := sc.Run(ctx, &benchEnv{DatabaseURL: *dbURL, Log: os.Stderr, Ints: bf.ints, Strings: bf.strs, Bools: bf.bools, Set: set})
 	if err != nil {
 		return err
 	}

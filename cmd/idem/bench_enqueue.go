@@ -26,7 +26,8 @@ func init() {
 			"events written to the WAL by the WAL outbox (package outbox/wal), no table row.\n" +
 			"Ratios are to plain. Variants run interleaved in rounds. Scratch schema\n" +
 			"(dropped after). The wal-* variants need wal_level=logical on the server:\n" +
-			"without it the run fails, unless --wal=false leaves them out.",
+			"without it they are skipped with one line and the rest runs (an explicit\n" +
+			"--wal makes it an error; --wal=false leaves them out).",
 		Flags: func(fs *benchFlags) {
 			fs.Int("seconds", 6, "measured seconds per variant, split over the rounds")
 			fs.Int("rounds", 3, "interleaved rounds: every round runs every variant once")
@@ -66,7 +67,7 @@ func benchEnqueue(ctx context.Context, env *benchEnv, withWAL bool) ([]benchResu
 	}
 	defer pool.Close()
 	if withWAL {
-		if err := benchWALLevel(ctx, pool, "bench enqueue: wal-1 and wal-10"); err != nil {
+		if withWAL, err = benchWALWanted(ctx, env, pool, "bench enqueue: wal-1 and wal-10"); err != nil {
 			return nil, err
 		}
 	}

@@ -46,8 +46,9 @@ func init() {
 			"the slot and confirmed, no publish: the limit), wal (the same backlog to Kafka,\n" +
 			"acknowledged; its ratio is to wal-floor, and the log gives it over\n" +
 			"at-least-once too) and wal-latency (commit → Kafka ack at --rate events/s).\n" +
-			"The wal-* results need wal_level=logical on the server: without it the run\n" +
-			"fails at once, unless --wal=false leaves them out. In-process kfake broker,\n" +
+			"The wal-* results need wal_level=logical on the server: without it they are\n" +
+			"skipped with one line and the rest runs (an explicit --wal makes it an error;\n" +
+			"--wal=false leaves them out). In-process kfake broker,\n" +
 			"scratch schemas, slots and publications (dropped after).",
 		Flags: func(fs *benchFlags) {
 			fs.Int("events", 100_000, "events drained by each throughput variant")
@@ -151,7 +152,7 @@ func runBenchRelay(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 			return nil, err
 		}
 		defer walPool.Close()
-		if err := benchWALLevel(ctx, walPool, "bench relay: wal-floor, wal and wal-latency"); err != nil {
+		if withWAL, err = benchWALWanted(ctx, env, walPool, "bench relay: wal-floor, wal and wal-latency"); err != nil {
 			return nil, err
 		}
 	}

@@ -74,6 +74,23 @@ func benchWALLevel(ctx context.Context, pool *pgxpool.Pool, what string) error {
 	return nil
 }
 
+// benchWALWanted tells whether a scenario with table and WAL results runs
+// its WAL ones, which --wal (true by default) asks for. On a server
+// without wal_level=logical (a stock install has replica) the default
+// leaves them out, with one line on the log saying so and why, and the table
+// results still run; an explicit --wal (or --wal=true) fails as
+// benchWALLevel does, since the caller asked for those results.
+func benchWALWanted(ctx context.Context, env *benchEnv, pool *pgxpool.Pool, what string) (bool, error) {
+	err := benchWALLevel(ctx, pool, what)
+	if err == nil || !errors.Is(err, wal.ErrNotLogical) || env.Set["wal"] {
+		return err == nil, err
+	}
+	var level string
+	_ = pool.QueryRow(ctx, "SHOW wal_level").Scan(&level)
+	fmt.Fprintf(env.Log, "%s skipped: they need wal_level=logical and the server has wal_level=%s (set it and restart the server to run them; --wal=false leaves them out without this line)\n", what, level)
+	return false, nil
+}
+
 // benchWALFlags checks the flags benchWALRelay reads.
 func benchWALFlags(env *benchEnv) error {
 	for _, name := range []string{"events", "batch-size", "latency-events", "rate"} {

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -78,9 +79,12 @@ func benchWALLeftBehind(t *testing.T, db *testdb.DB, stderr string) {
 	}
 }
 
-// TestBenchWALNotLogical: on a server without wal_level=logical, every
-// scenario with WAL results fails with one line naming wal_level and the
-// way out, before measuring anything; --wal=false runs the rest.
+// TestBenchWALNotLogical: on a server without wal_level=logical (a stock
+// install), bench relay and bench enqueue run their table results and skip
+// the WAL ones with one line naming wal_level; an explicit --wal, and bench
+// wal (nothing but WAL results), fail with one line naming wal_level and
+// the way out, before measuring anything; --wal=false runs the rest
+// without the line.
 func TestBenchWALNotLogical(t *testing.T) {
 	t.Parallel()
 	cl, err := pgtemp.Start(t.Context(), &pgtemp.Config{Settings: []string{"wal_level=replica"}})
@@ -90,9 +94,11 @@ func TestBenchWALNotLogical(t *testing.T) {
 	defer func() { _ = cl.Close() }()
 	env := []string{"DATABASE_URL=" + cl.URL}
 	small := []string{"--seconds", "1", "--rounds", "1", "--clients", "2"}
+	relay := []string{"--events", "100", "--aggregates", "10", "--batch-size", "50", "--retained", "0",
+		"--blocked", "0", "--latency-events", "20", "--rate", "200", "--publisher-events", "0"}
 	for _, args := range [][]string{
-		append([]string{"bench", "enqueue"}, small...),
-		{"bench", "relay", "--events", "100", "--retained", "0", "--blocked", "0", "--latency-events", "20", "--publisher-events", "0"},
+		append([]string{"bench", "enqueue", "--wal"}, small...),
+		append([]string{"bench", "relay", "--wal=true"}, relay...),
 		append([]string{"bench", "wal"}, small...),
 	} {
 		stdout, stderr, code := runIdem(t, env, args...)
@@ -106,18 +112,51 @@ func TestBenchWALNotLogical(t *testing.T) {
 			t.Errorf("%v: measured before failing:\n%s", args, stderr)
 		}
 	}
-	for _, args := range [][]string{
-		append([]string{"bench", "enqueue", "--json", "--wal=false"}, small...),
-		{"bench", "relay", "--json", "--wal=false", "--events", "100", "--aggregates", "10", "--batch-size", "50", "--retained", "0",
-			"--blocked", "0", "--latency-events", "20", "--rate", "200", "--publisher-events", "0"},
+	for _, tt := range []struct {
+		args  []string
+		table []string // result names the run must have
+	}{
+		{append([]string{"bench", "enqueue", "--json"}, small...), []string{"plain", "enqueue-1", "enqueue-10"}},
+		{append([]string{"bench", "relay", "--json"}, relay...), []string{"sql-floor", "at-least-once", "two-phase", "notify-latency"}},
+		{append([]string{"bench", "enqueue", "--json", "--wal=false"}, small...), []string{"plain", "enqueue-1"}},
+		{append([]string{"bench", "relay", "--json", "--wal=false"}, relay...), []string{"sql-floor", "at-least-once"}},
 	} {
-		stdout, stderr, code := runIdem(t, env, args...)
+		stdout, stderr, code := runIdem(t, env, tt.args...)
 		if code != 0 {
-			t.Errorf("%v: exit %d: %s", args, code, stderr)
+			t.Errorf("%v: exit %d: %s", tt.args, code, stderr)
 			continue
 		}
-		if strings.Contains(stdout, `"wal`) {
-			t.Errorf("%v: WAL results with --wal=false: %s", args, stdout)
+		var out struct {
+			Results []struct{ Name string }
+		}
+		if err := json.Unmarshal([]byte(stdout), &out); err != nil {
+			t.Errorf("%v: stdout is not one JSON object: %v: %q", tt.args, err, stdout)
+			continue
+		}
+		names := map[string]bool{}
+		for _, r := range out.Results {
+			names[r.Name] = true
+			if strings.HasPrefix(r.Name, "wal") {
+				t.Errorf("%v: WAL result %s on a replica-level server", tt.args, r.Name)
+			}
+		}
+		for _, n := range tt.table {
+			if !names[n] {
+				t.Errorf("%v: no %s result: %s", tt.args, n, stdout)
+			}
+		}
+		skipped := 0
+		for _, l := range strings.Split(stderr, "\n") {
+			if strings.Contains(l, "skipped") && strings.Contains(l, "wal_level=logical") && strings.Contains(l, "wal_level=replica") {
+				skipped++
+			}
+		}
+		want := 1
+		if slices.Contains(tt.args, "--wal=false") {
+			want = 0
+		}
+		if skipped != want {
+			t.Errorf("%v: %d lines saying the WAL results were skipped, want %d:\n%s", tt.args, skipped, want, stderr)
 		}
 	}
 }
