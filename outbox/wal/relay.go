@@ -101,8 +101,9 @@ func NewRelay(connString string, pub outbox.Publisher, cfg *Config) (*Relay, err
 
 // Start connects, checks that the server decodes logical WAL
 // (ErrNotLogical otherwise), creates the publication and the slot when
-// they are missing, and launches the relay; the relay then takes the slot
-// or, while another relay reads it, waits as a standby. ctx bounds that
+// they are missing (a slot of that name that belongs to another database
+// or plugin: ErrSlotMismatch), and launches the relay; the relay then
+// takes the slot or, while another relay reads it, waits as a standby. ctx bounds that
 // first connection and lends its values to the run; cancelling it
 // afterwards changes nothing. Start on a running relay is a no-op; Start
 // after a stop starts a fresh run.
@@ -125,10 +126,15 @@ func (r *Relay) Start(ctx context.Context) error {
 
 // Stop is the soft stop: the relay stops reading, the batch in hand is
 // published (one attempt, bounded by BatchTimeout), the position it
-// reached is confirmed to the slot, and the connection is closed. It
-// returns when that is done, or with ctx's error when ctx ends first.
-// Events read and not yet published are not lost: the slot sends them
-// again to the next reader.
+// reached is confirmed to the slot, and the connection is closed. The
+// position can be confirmed only at a transaction's end: when the
+// delivered events stop inside a transaction (one larger than
+// BatchSize), the rest of that transaction, and nothing after it, is
+// delivered first, retried on the work context until it goes through or
+// HardStop abandons it (then the next reader sends its delivered part
+// again). Stop returns when that is done, or with ctx's error when ctx
+// ends first (the relay goes on until HardStop). Events read and not yet
+// published are not lost: the slot sends them again to the next reader.
 func (r *Relay) Stop(ctx context.Context) error { return r.svc.Stop(ctx) }
 
 // HardStop is the soft stop plus the cancellation of the publish in hand.
