@@ -72,7 +72,7 @@ func (r *Relay) finishTx(ctx context.Context, p *progress) {
 	for wctx.Err() == nil {
 		r.mu.Lock()
 		open := p.open
-		if open == 0 {
+		if open == 0 || p.broken {
 			r.mu.Unlock()
 			return
 		}

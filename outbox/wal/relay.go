@@ -47,10 +47,8 @@ type Relay struct {
 	// NewRelay and switched to the legacy default by setup when that is
 	// the one this database has (see Config.Slot).
 	slot atomic.Pointer[string]
-	// defaultSlot: cfg.Slot was empty; database is the connection's
-	// database as the connection string names it.
+	// defaultSlot: cfg.Slot was empty.
 	defaultSlot bool
-	database    string
 
 	// mu guards the progress that the reader, the publisher and the lag
 	// measure share.
@@ -92,7 +90,7 @@ func NewRelay(connString string, pub outbox.Publisher, cfg *Config) (*Relay, err
 	plain.RuntimeParams["application_name"] = "idem-wal-relay " + c.Owner
 	r := &Relay{
 		connCfg: cc, plainCfg: plain, connString: connString, pub: pub, cfg: c, log: c.Logger,
-		backoff: backoff.Policy{Min: c.BackoffMin, Max: c.BackoffMax}, defaultSlot: defaultSlot, database: database,
+		backoff: backoff.Policy{Min: c.BackoffMin, Max: c.BackoffMax}, defaultSlot: defaultSlot,
 	}
 	r.slot.Store(&c.Slot)
 	r.check, _ = pub.(outbox.Checker)
@@ -103,9 +101,9 @@ func NewRelay(connString string, pub outbox.Publisher, cfg *Config) (*Relay, err
 // (ErrNotLogical otherwise), creates the publication and the slot when
 // they are missing (a slot of that name that belongs to another database
 // or plugin: ErrSlotMismatch), and launches the relay; the relay then
-// takes the slot or, while another relay reads it, waits as a standby. ctx bounds that
-// first connection and lends its values to the run; cancelling it
-// afterwards changes nothing. Start on a running relay is a no-op; Start
+// takes the slot or, while another relay reads it, waits as a standby.
+// ctx bounds that first connection and lends its values to the run;
+// cancelling it afterwards changes nothing. Start on a running relay is a no-op; Start
 // after a stop starts a fresh run.
 //
 // Events enqueued before the slot first existed are never decoded: start
@@ -362,6 +360,9 @@ type progress struct {
 	// inside, 0 when they end at a transaction's end: what a soft stop
 	// finishes before it confirms (finishTx).
 	open pglogrepl.LSN
+	// broken: the reader gave up on the stream; nothing delivered now
+	// could be confirmed, so a stop does not finish a transaction.
+	broken bool
 	// seen: everything before it was received and, when queue and
 	// inflight are empty, delivered: the reader sets it only with no
 	// transaction open and nothing queued.
@@ -436,6 +437,11 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn) (acquired bool,
 	}()
 
 	err = r.read(ctx, conn, p)
+	if err != nil {
+		r.mu.Lock()
+		p.broken = true
+		r.mu.Unlock()
+	}
 	stopPub()
 	if err == nil && !conn.IsClosed() {
 		// A soft stop: the reader has returned, the publisher may be
