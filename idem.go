@@ -52,6 +52,23 @@ const (
 	HeaderDeadLetterRedriveID = "dlq-redrive-id"
 )
 
+// IsReservedHeader reports whether name is a message header that idem
+// writes itself: the event headers above (which every publisher sets from
+// the event's own fields) and any dlq-* header (which consumers and
+// redrives set). The match ignores case, so that a bridge that
+// canonicalises header names cannot turn a user's Event-ID into idem's.
+// The outbox refuses such a name among a message's Headers at enqueue
+// (outbox.ErrInvalidMessage), and publishers drop one that reached them
+// from an older row, writing their own last.
+func IsReservedHeader(name string) bool {
+	switch {
+	case strings.EqualFold(name, HeaderEventID), strings.EqualFold(name, HeaderEventType),
+		strings.EqualFold(name, HeaderAggregateType), strings.EqualFold(name, HeaderAggregateSeq):
+		return true
+	}
+	return len(name) >= 4 && strings.EqualFold(name[:4], "dlq-")
+}
+
 // MaxKeyLength is the longest key, in characters (bytes: keys are ASCII).
 const MaxKeyLength = 255
 

@@ -217,17 +217,24 @@ func (c *produceCall) answer(i int, err error) {
 	}
 }
 
-// record is the Kafka record Publisher produces for e.
+// record is the Kafka record Publisher produces for e: the event's own
+// headers, then idem's. A Kafka record may carry a name twice, and
+// consumers differ in which one they read (idem's the first, many the
+// last), so an event header of a name idem reserves (idem.IsReservedHeader:
+// refused at enqueue since, but an older row may hold one) is dropped, and
+// idem's come last: whichever a consumer reads, it is idem's.
 func record(e *outbox.Event) *kgo.Record {
 	h := make([]kgo.RecordHeader, 0, 4+len(e.Headers))
+	for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
+		if !idem.IsReservedHeader(k) {
+			h = append(h, kgo.RecordHeader{Key: k, Value: []byte(e.Headers[k])})
+		}
+	}
 	h = append(h,
 		kgo.RecordHeader{Key: HeaderEventID, Value: []byte(e.EventID)},
 		kgo.RecordHeader{Key: HeaderEventType, Value: []byte(e.EventType)},
 		kgo.RecordHeader{Key: HeaderAggregateType, Value: []byte(e.AggregateType)},
 		kgo.RecordHeader{Key: HeaderAggregateSeq, Value: strconv.AppendInt(nil, e.Seq, 10)},
 	)
-	for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
-		h = append(h, kgo.RecordHeader{Key: k, Value: []byte(e.Headers[k])})
-	}
 	return &kgo.Record{Topic: e.Topic, Key: []byte(e.AggregateID), Value: e.Payload, Headers: h}
 }

@@ -311,17 +311,21 @@ func (p *Publisher) publishTopic(ctx context.Context, events []outbox.Event, idx
 }
 
 // message is the Kafka record Publisher writes for e: the franz-go
-// publisher's record.
+// publisher's record, the event's own headers without any name idem
+// reserves (idem.IsReservedHeader), then idem's, so that idem's is the
+// only value of its name whichever one a consumer reads.
 func message(e *outbox.Event) kafka.Message {
 	h := make([]kafka.Header, 0, 4+len(e.Headers))
+	for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
+		if !idem.IsReservedHeader(k) {
+			h = append(h, kafka.Header{Key: k, Value: []byte(e.Headers[k])})
+		}
+	}
 	h = append(h,
 		kafka.Header{Key: idem.HeaderEventID, Value: []byte(e.EventID)},
 		kafka.Header{Key: idem.HeaderEventType, Value: []byte(e.EventType)},
 		kafka.Header{Key: idem.HeaderAggregateType, Value: []byte(e.AggregateType)},
 		kafka.Header{Key: idem.HeaderAggregateSeq, Value: strconv.AppendInt(nil, e.Seq, 10)},
 	)
-	for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
-		h = append(h, kafka.Header{Key: k, Value: []byte(e.Headers[k])})
-	}
 	return kafka.Message{Topic: e.Topic, Key: []byte(e.AggregateID), Value: e.Payload, Headers: h}
 }

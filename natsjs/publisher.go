@@ -211,19 +211,26 @@ func WithPrefix(prefix, topic string) string {
 func (p *Publisher) msg(e *outbox.Event) *nats.Msg { return Msg(WithPrefix(p.prefix, e.Topic), e) }
 
 // Msg is the NATS message Publisher sends for e on topic (e.Topic, or it
-// under the Publisher's Prefix).
+// under the Publisher's Prefix). The event's own headers are written
+// first and idem's last, so idem's win: a header of a name idem reserves
+// (idem.IsReservedHeader, refused at enqueue since, but an older row may
+// hold one) or JetStream's dedup name (HeaderMsgID) is dropped in any
+// case, whatever its letter case.
 func Msg(topic string, e *outbox.Event) *nats.Msg {
 	h := nats.Header{}
-	h.Set(HeaderMsgID, e.EventID)
-	h.Set(idem.HeaderEventID, e.EventID)
-	h.Set(idem.HeaderEventType, e.EventType)
-	h.Set(idem.HeaderAggregateType, e.AggregateType)
-	h.Set(idem.HeaderAggregateSeq, strconv.FormatInt(e.Seq, 10))
 	for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
+		if idem.IsReservedHeader(k) || strings.EqualFold(k, HeaderMsgID) {
+			continue
+		}
 		// Set, not Add: a nats.Header canonicalises nothing (it is a plain
 		// map), so the event's own names are kept as they are.
 		h[k] = []string{e.Headers[k]}
 	}
+	h[HeaderMsgID] = []string{e.EventID}
+	h[idem.HeaderEventID] = []string{e.EventID}
+	h[idem.HeaderEventType] = []string{e.EventType}
+	h[idem.HeaderAggregateType] = []string{e.AggregateType}
+	h[idem.HeaderAggregateSeq] = []string{strconv.FormatInt(e.Seq, 10)}
 	return &nats.Msg{Subject: Subject(topic, e.AggregateType, e.AggregateID), Header: h, Data: e.Payload}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/outbox/internal/dbsqlc"
 )
 
@@ -140,33 +141,10 @@ func enqueue(ctx context.Context, db DBTX, msgs []Message) ([]string, error) {
 		Payloads:       make([][]byte, len(msgs)),
 		Headers:        make([]string, len(msgs)),
 	}
+	if err := ValidateMessages(msgs...); err != nil {
+		return nil, err
+	}
 	for i, m := range msgs {
-		switch {
-		case m.Topic == "":
-			return nil, fmt.Errorf("%w: message %d: Topic is empty", ErrInvalidMessage, i)
-		case m.AggregateType == "":
-			return nil, fmt.Errorf("%w: message %d: AggregateType is empty", ErrInvalidMessage, i)
-		case m.AggregateID == "":
-			return nil, fmt.Errorf("%w: message %d: AggregateID is empty", ErrInvalidMessage, i)
-		case m.EventType == "":
-			return nil, fmt.Errorf("%w: message %d: EventType is empty", ErrInvalidMessage, i)
-		}
-		for _, f := range [...]struct{ name, v string }{
-			{"Topic", m.Topic}, {"AggregateType", m.AggregateType}, {"AggregateID", m.AggregateID},
-			{"EventID", m.EventID}, {"EventType", m.EventType},
-		} {
-			if !storable(f.v) {
-				return nil, fmt.Errorf("%w: message %d: %s is not valid UTF-8 without NUL", ErrInvalidMessage, i, f.name)
-			}
-			if len(f.v) > MaxFieldBytes {
-				return nil, fmt.Errorf("%w: message %d: %s is %d bytes, more than %d", ErrInvalidMessage, i, f.name, len(f.v), MaxFieldBytes)
-			}
-		}
-		for k, v := range m.Headers {
-			if !storable(k) || !storable(v) {
-				return nil, fmt.Errorf("%w: message %d: Headers[%q] is not valid UTF-8 without NUL", ErrInvalidMessage, i, k)
-			}
-		}
 		if m.EventID == "" {
 			m.EventID = NewEventID()
 		}
@@ -203,6 +181,59 @@ func enqueue(ctx context.Context, db DBTX, msgs []Message) ([]string, error) {
 		return nil, fmt.Errorf("outbox: enqueue: %w", err)
 	}
 	return p.EventIds, nil
+}
+
+// ValidateMessages checks msgs against the rules every enqueue function
+// applies before it writes anything (outbox.EnqueueTx and the WAL
+// outbox's EnqueueTx alike, so that an event valid in one mode is valid in
+// the other): Topic, AggregateType, AggregateID and EventType present;
+// those and EventID valid UTF-8 without NUL and at most MaxFieldBytes;
+// every header name and value valid UTF-8 without NUL, and no header name
+// reserved by idem (idem.IsReservedHeader: event-id, event-type,
+// aggregate-type, aggregate-seq, dlq-*), which a publisher writes itself.
+// The first violation is an error wrapping ErrInvalidMessage that names
+// the message's index and the field.
+func ValidateMessages(msgs ...Message) error {
+	for i := range msgs {
+		if why := messageProblem(&msgs[i]); why != "" {
+			return fmt.Errorf("%w: message %d: %s", ErrInvalidMessage, i, why)
+		}
+	}
+	return nil
+}
+
+// messageProblem says what is wrong with m, "" when nothing is.
+func messageProblem(m *Message) string {
+	switch {
+	case m.Topic == "":
+		return "Topic is empty"
+	case m.AggregateType == "":
+		return "AggregateType is empty"
+	case m.AggregateID == "":
+		return "AggregateID is empty"
+	case m.EventType == "":
+		return "EventType is empty"
+	}
+	for _, f := range [...]struct{ name, v string }{
+		{"Topic", m.Topic}, {"AggregateType", m.AggregateType}, {"AggregateID", m.AggregateID},
+		{"EventID", m.EventID}, {"EventType", m.EventType},
+	} {
+		if !storable(f.v) {
+			return fmt.Sprintf("%s is not valid UTF-8 without NUL", f.name)
+		}
+		if len(f.v) > MaxFieldBytes {
+			return fmt.Sprintf("%s is %d bytes, more than %d", f.name, len(f.v), MaxFieldBytes)
+		}
+	}
+	for k, v := range m.Headers {
+		if !storable(k) || !storable(v) {
+			return fmt.Sprintf("Headers[%q] is not valid UTF-8 without NUL", k)
+		}
+		if idem.IsReservedHeader(k) {
+			return fmt.Sprintf("Headers[%q] is a header name idem reserves (its publishers write it)", k)
+		}
+	}
+	return ""
 }
 
 // storable reports whether PostgreSQL can store s as text (and in jsonb):

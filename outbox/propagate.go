@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"maps"
+
+	"github.com/idemkit/idem"
 )
 
 // A Propagator writes the cross-process context that ctx carries into an
@@ -54,8 +56,8 @@ func PropagatorFromContext(ctx context.Context) Propagator {
 // returned as is. A header the caller set wins over the propagator's (an
 // event may carry a trace context of its own on purpose), and a header
 // the propagator writes that EnqueueTx could not store (not valid UTF-8,
-// a NUL byte, longer than MaxPropagatedBytes) is dropped rather than
-// failing the caller's transaction over a trace.
+// a NUL byte, longer than MaxPropagatedBytes, a name idem reserves) is
+// dropped rather than failing the caller's transaction over a trace.
 func InjectHeaders(ctx context.Context, h map[string]string) map[string]string {
 	p := PropagatorFromContext(ctx)
 	if p == nil {
@@ -65,7 +67,7 @@ func InjectHeaders(ctx context.Context, h map[string]string) map[string]string {
 	p.Inject(ctx, add)
 	var out map[string]string
 	for k, v := range add {
-		if _, set := h[k]; set || k == "" || len(k) > MaxPropagatedBytes || len(v) > MaxPropagatedBytes || !storable(k) || !storable(v) {
+		if _, set := h[k]; set || k == "" || len(k) > MaxPropagatedBytes || len(v) > MaxPropagatedBytes || !storable(k) || !storable(v) || idem.IsReservedHeader(k) {
 			continue
 		}
 		if out == nil {

@@ -33,6 +33,12 @@
 //   - Deadline: against a topic that never succeeds, Publish returns by the
 //     relay's deadline with the stuck events failed (wrapping ctx's error)
 //     and the others delivered, so the batch records its outcome in time.
+//   - ReservedHeaders: an event whose own Headers carry names idem
+//     reserves (idem.IsReservedHeader: event-id and the others, in any
+//     letter case; enqueue refuses them, but a row written before it did
+//     may hold them) reaches the broker with idem's values only: a
+//     forwarded event-id must not become the consumers' dedup key. Its
+//     other headers arrive as they are.
 //
 // What it cannot prove: durability across a broker crash, and the order of
 // first deliveries across topics on the wire (the relay's waves give it;
@@ -49,6 +55,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/outbox"
 )
@@ -58,7 +65,8 @@ type Broker struct {
 	// Publisher publishes to the broker.
 	Publisher outbox.Publisher
 	// Read returns every message on topic at the time of the call,
-	// decoded. Messages of one aggregate must come in the broker's order
+	// decoded. A header name that a message carries twice decodes to its
+	// last value. Messages of one aggregate must come in the broker's order
 	// for them (Kafka: their partition's). A topic with no message
 	// returns none and no error.
 	Read func(ctx context.Context, topic string) ([]Message, error)
@@ -117,6 +125,7 @@ func Run(t *testing.T, newBroker func(t *testing.T, topics []string) *Broker) {
 		{"TooLarge", testTooLarge},
 		{"MissingTopic", testMissingTopic},
 		{"Deadline", testDeadline},
+		{"ReservedHeaders", testReservedHeaders},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -453,6 +462,42 @@ func testMissingTopic(t *testing.T, newBroker func(t *testing.T, topics []string
 	}
 	if n, _ := f.read("pt.one"); n["a-2"] != 0 || n["b-1"] != 1 {
 		t.Fatalf("on the broker: %v, want b-1 once and no a-2", n)
+	}
+}
+
+func testReservedHeaders(t *testing.T, newBroker func(t *testing.T, topics []string) *Broker) {
+	f := setup(t, newBroker, "pt.one")
+	e := outbox.Event{Message: ev("pt.one", "a", 7), ID: 1, Seq: 7, CreatedAt: time.Now()}
+	e.Headers = map[string]string{
+		idem.HeaderEventID: "forwarded-id", idem.HeaderEventType: "forged-type",
+		idem.HeaderAggregateType: "forged-aggregate", idem.HeaderAggregateSeq: "999",
+		"Event-ID": "forwarded-id", "dlq-redrive-id": "forged", "x-upstream": "kept",
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), WaitTimeout)
+	defer cancel()
+	if err := f.b.Publisher.Publish(ctx, []outbox.Event{e}); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	var msgs []Message
+	f.eventually("the event on the broker", func() bool {
+		_, msgs = f.read("pt.one")
+		return len(msgs) > 0
+	})
+	if len(msgs) != 1 {
+		t.Fatalf("%d messages on the broker, want 1", len(msgs))
+	}
+	m := msgs[0]
+	if m.EventID != e.EventID || m.EventType != e.EventType || m.AggregateType != e.AggregateType || m.Seq != e.Seq {
+		t.Fatalf("on the broker: event id %q, type %q, aggregate type %q, seq %d; want idem's %q, %q, %q, %d (the event's own headers overrode idem's)",
+			m.EventID, m.EventType, m.AggregateType, m.Seq, e.EventID, e.EventType, e.AggregateType, e.Seq)
+	}
+	for k, v := range m.Headers {
+		if idem.IsReservedHeader(k) {
+			t.Errorf("header %s: %q reached the broker beside idem's own", k, v)
+		}
+	}
+	if m.Headers["x-upstream"] != "kept" {
+		t.Errorf("headers %v: the event's own x-upstream is missing", m.Headers)
 	}
 }
 

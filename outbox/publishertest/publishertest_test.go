@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/publishertest"
 )
@@ -56,10 +57,18 @@ func (b *memBroker) Publish(ctx context.Context, events []outbox.Event) error {
 			<-ctx.Done()
 			errs[i] = fmt.Errorf("mem: topic %s: %w", e.Topic, ctx.Err())
 		default:
+			// The fields travel apart from the event's own headers, of
+			// which those of idem's names are dropped (ReservedHeaders).
+			h := map[string]string{}
+			for k, v := range e.Headers {
+				if !idem.IsReservedHeader(k) {
+					h[k] = v
+				}
+			}
 			b.mu.Lock()
 			b.topics[e.Topic] = append(b.topics[e.Topic], publishertest.Message{
 				Topic: e.Topic, EventID: e.EventID, EventType: e.EventType, AggregateType: e.AggregateType,
-				AggregateID: e.AggregateID, Seq: e.Seq, Payload: e.Payload, Headers: e.Headers,
+				AggregateID: e.AggregateID, Seq: e.Seq, Payload: e.Payload, Headers: h,
 			})
 			b.mu.Unlock()
 			continue

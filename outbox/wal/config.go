@@ -2,10 +2,13 @@ package wal
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem/internal/owner"
@@ -25,10 +28,22 @@ var (
 	// ErrSlotNotFound is returned by GetSlotStatus for a slot that does
 	// not exist.
 	ErrSlotNotFound = errors.New("outbox/wal: replication slot not found")
+	// ErrSlotMismatch is returned by Start and CreateSlot when the slot
+	// named Config.Slot exists but cannot carry this relay's events: it
+	// belongs to another database (slot names are cluster-wide, and a
+	// logical slot decodes only the database it was created in), uses
+	// another plugin than pgoutput, or is a physical slot. The text names
+	// the slot, its database and plugin, and the relay's database. Give
+	// the relay a slot of its own (Config.Slot), or leave Slot empty: the
+	// default name includes the database (DefaultSlot).
+	ErrSlotMismatch = errors.New("outbox/wal: replication slot belongs to another database or plugin")
 )
 
 // Defaults of Config.
 const (
+	// SlotDefault is the stem of the default slot name (DefaultSlot
+	// appends the database), and the default slot name itself before
+	// the database was part of it: see Config.Slot.
 	SlotDefault            = "idem_outbox"
 	PublicationDefault     = "idem_outbox"
 	PrefixDefault          = "idem.outbox"
@@ -61,7 +76,14 @@ type Config struct {
 	// Slot is the logical replication slot (pgoutput) the relay reads,
 	// created by Start if missing. One slot is one relay group: one
 	// relay reads it at a time, others wait as standbys. 1 to 63 of
-	// a-z, 0-9 and _. Defaults to SlotDefault ("idem_outbox").
+	// a-z, 0-9 and _. Slot names are cluster-wide but a logical slot
+	// decodes one database: Start refuses a slot of another database or
+	// plugin (ErrSlotMismatch). Defaults to DefaultSlot of the connection
+	// string's database ("idem_outbox_" and the database name, e.g.
+	// idem_outbox_billing), or, for relays upgraded from a release whose
+	// default was SlotDefault ("idem_outbox"), to that slot when it exists
+	// for this database and the new name does not: its undelivered events
+	// are not left behind. Set it explicitly to keep one name.
 	Slot string
 	// Publication is the publication named to pgoutput, created by Start
 	// if missing, for no table: the relay needs only the messages. Same
@@ -132,7 +154,7 @@ func (c *Config) withDefaults() Config {
 			*d = v
 		}
 	}
-	str(&out.Slot, SlotDefault)
+	// Slot's default depends on the database: NewRelay fills it.
 	str(&out.Publication, PublicationDefault)
 	str(&out.Prefix, PrefixDefault)
 	if out.BatchSize == 0 {
@@ -155,6 +177,34 @@ func (c *Config) withDefaults() Config {
 		out.Logger = slog.Default()
 	}
 	return out
+}
+
+// DefaultSlot is the slot name a relay uses when Config.Slot is empty,
+// for a connection to database: SlotDefault, an underscore and the
+// database name ("idem_outbox_billing"). A name that does not fit the
+// slot name rule as it is (characters other than a-z, 0-9 and _, or too
+// long) is lower-cased, its other characters replaced by _, cut, and
+// followed by 8 hex digits of its hash, so that two databases do not share
+// a default slot. `idem outbox
+// status --slot` takes the same name.
+func DefaultSlot(database string) string {
+	name := SlotDefault + "_" + database
+	if identifier.MatchString(name) {
+		return name
+	}
+	clean := []byte(strings.ToLower(database))
+	for i, c := range clean {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			clean[i] = '_'
+		}
+	}
+	sum := sha256.Sum256([]byte(database))
+	suffix := "_" + hex.EncodeToString(sum[:4])
+	stem := SlotDefault + "_" + string(clean)
+	if room := 63 - len(suffix); len(stem) > room {
+		stem = stem[:room]
+	}
+	return stem + suffix
 }
 
 func (c *Config) validate() error {

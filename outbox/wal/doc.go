@@ -28,7 +28,14 @@
 //     were acknowledged by the publisher. A relay that crashes, or loses
 //     its connection, resumes from that position: what it had published
 //     after it is published again (consumers deduplicate by event id:
-//     package inbox). A clean Stop confirms everything it delivered.
+//     package inbox). A clean Stop confirms everything it delivered:
+//     stopped inside a transaction (one larger than BatchSize), it first
+//     delivers the rest of that transaction, until HardStop.
+//   - One slot per database: slot names are cluster-wide, a logical slot
+//     decodes one database. Start refuses a slot of another database or
+//     plugin (ErrSlotMismatch), and the default slot name includes the
+//     database (DefaultSlot; a database that has the former default,
+//     SlotDefault, keeps reading it).
 //   - One reader per slot: PostgreSQL lets one connection stream a slot.
 //     Other relays of the same slot are standbys that retry every
 //     AcquireInterval and take over when the reader's connection ends

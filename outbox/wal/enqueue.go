@@ -72,12 +72,14 @@ func (e Enqueuer) enqueue(ctx context.Context, db outbox.DBTX, msgs []outbox.Mes
 	if len(msgs) == 0 {
 		return nil, nil
 	}
+	// The table outbox's rules, from the one function both modes share, so
+	// that an event valid in one mode is valid in the other.
+	if err := outbox.ValidateMessages(msgs...); err != nil {
+		return nil, err
+	}
 	ids := make([]string, len(msgs))
 	contents := make([][]byte, len(msgs))
 	for i, m := range msgs {
-		if err := checkMessage(i, &m); err != nil {
-			return nil, err
-		}
 		if m.EventID == "" {
 			m.EventID = outbox.NewEventID()
 		}
@@ -115,35 +117,6 @@ func (e Enqueuer) Enqueue(ctx context.Context, db outbox.DBTX, msgs ...outbox.Me
 		return nil, fmt.Errorf("%w: db is nil", ErrInvalidConfig)
 	}
 	return e.enqueue(ctx, db, msgs)
-}
-
-// checkMessage applies outbox.EnqueueTx's rules, so that an event valid in
-// one mode is valid in the other.
-func checkMessage(i int, m *outbox.Message) error {
-	switch {
-	case m.Topic == "":
-		return fmt.Errorf("%w: message %d: Topic is empty", outbox.ErrInvalidMessage, i)
-	case m.AggregateType == "":
-		return fmt.Errorf("%w: message %d: AggregateType is empty", outbox.ErrInvalidMessage, i)
-	case m.AggregateID == "":
-		return fmt.Errorf("%w: message %d: AggregateID is empty", outbox.ErrInvalidMessage, i)
-	case m.EventType == "":
-		return fmt.Errorf("%w: message %d: EventType is empty", outbox.ErrInvalidMessage, i)
-	}
-	for _, f := range [...]struct{ name, v string }{
-		{"Topic", m.Topic}, {"AggregateType", m.AggregateType}, {"AggregateID", m.AggregateID},
-		{"EventID", m.EventID}, {"EventType", m.EventType},
-	} {
-		if !storable(f.v) {
-			return fmt.Errorf("%w: message %d: %s is not valid UTF-8 without NUL", outbox.ErrInvalidMessage, i, f.name)
-		}
-	}
-	for k, v := range m.Headers {
-		if !storable(k) || !storable(v) {
-			return fmt.Errorf("%w: message %d: Headers[%q] is not valid UTF-8 without NUL", outbox.ErrInvalidMessage, i, k)
-		}
-	}
-	return nil
 }
 
 func storable(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }

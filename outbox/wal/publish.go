@@ -12,8 +12,16 @@ import (
 )
 
 // publishLoop takes what the reader queued, up to BatchSize at a time,
-// and delivers it until ctx ends.
-func (r *Relay) publishLoop(ctx context.Context, p *progress) {
+// and delivers it until ctx ends. ctx ends with the run (a soft stop) or
+// when the reader gives up; runCtx is the run's own, to tell the two
+// apart: after a soft stop, a transaction of which some events are
+// delivered is finished (finishTx).
+func (r *Relay) publishLoop(ctx, runCtx context.Context, p *progress) {
+	defer func() {
+		if runCtx.Err() != nil {
+			r.finishTx(runCtx, p)
+		}
+	}()
 	for {
 		r.mu.Lock()
 		n := min(len(p.queue), r.cfg.BatchSize)
@@ -32,10 +40,67 @@ func (r *Relay) publishLoop(ctx context.Context, p *progress) {
 			}
 		}
 		signal(p.space)
-		r.deliver(ctx, p)
+		r.deliver(ctx, p, true)
 		if ctx.Err() != nil {
 			return
 		}
+	}
+}
+
+// finishTx runs after a soft stop. The slot's position can be confirmed
+// only at a transaction's end, so when the delivered events stop inside
+// a transaction (one larger than BatchSize, or a batch cut across two),
+// stopping there would make the next reader publish its delivered part
+// again. finishTx delivers the rest of that transaction (all of it is
+// queued: the reader queues a transaction whole, at its commit) and no
+// further, on the work context: retried with backoff until it is done,
+// or abandoned by the hard stop (which is what bounds a Stop: the caller
+// hard-stops at its deadline). Step by step, with p.open the end of the
+// transaction the delivered prefix stops inside:
+//
+//  1. the batch in hand keeps its delivered prefix and the undelivered
+//     events of p.open's transaction; later events are dropped from it
+//     (not confirmed, so the next reader gets them);
+//  2. once the batch in hand is delivered, the queued events of that
+//     transaction, BatchSize at a time, become the batch in hand;
+//  3. each delivery advances p.open and p.acked; when the transaction's
+//     last event is delivered, p.open is 0 and acked is its end, which
+//     the stream confirms before it closes.
+func (r *Relay) finishTx(ctx context.Context, p *progress) {
+	wctx, cancel := startstop.WorkContext(ctx)
+	defer cancel()
+	for wctx.Err() == nil {
+		r.mu.Lock()
+		open := p.open
+		if open == 0 || p.broken {
+			r.mu.Unlock()
+			return
+		}
+		k := 0
+		for k < len(p.inflight) && p.delivered[k] {
+			k++
+		}
+		j := k
+		for j < len(p.inflight) && p.inflight[j].end == open {
+			j++
+		}
+		p.inflight, p.delivered = p.inflight[:j], p.delivered[:j]
+		if k == j { // the batch in hand is delivered: take the rest from the queue
+			n := 0
+			for n < len(p.queue) && n < r.cfg.BatchSize && p.queue[n].end == open {
+				n++
+			}
+			if n == 0 { // cannot happen (a transaction is queued whole); do not spin
+				r.mu.Unlock()
+				return
+			}
+			p.inflight = append(p.inflight[:0], p.queue[:n]...)
+			p.delivered = make([]bool, n)
+			p.queue = append(p.queue[:0], p.queue[n:]...)
+		}
+		r.mu.Unlock()
+		r.log.DebugContext(wctx, "outbox/wal relay stopping: finishing the transaction in hand", "slot", r.slotName(), "owner", r.cfg.Owner)
+		r.deliver(wctx, p, false)
 	}
 }
 
@@ -43,8 +108,9 @@ func (r *Relay) publishLoop(ctx context.Context, p *progress) {
 // delivered, or ctx ends (then after the attempt in hand). The slot's
 // position moves past an event only once it and all before it are
 // delivered; what is left undelivered at a stop is sent again by the
-// slot to the next reader.
-func (r *Relay) deliver(ctx context.Context, p *progress) {
+// slot to the next reader. absorb says whether a retry may take queued
+// events into the batch (not while finishing a transaction at a stop).
+func (r *Relay) deliver(ctx context.Context, p *progress, absorb bool) {
 	for attempt := 1; ; attempt++ {
 		r.attempt(ctx, p)
 		r.mu.Lock()
@@ -59,7 +125,9 @@ func (r *Relay) deliver(ctx context.Context, p *progress) {
 		if done || ctx.Err() != nil {
 			return
 		}
-		r.absorb(p)
+		if absorb {
+			r.absorb(p)
+		}
 		t := time.NewTimer(r.backoff.Delay(attempt))
 		select {
 		case <-ctx.Done():
@@ -130,7 +198,7 @@ func (r *Relay) attempt(ctx context.Context, p *progress) {
 	// past it, or when the server cannot be asked, the attempt fails
 	// whole and is retried like a failed publish.
 	err := p.vis.await(bctx, xids, func(n int) {
-		r.log.DebugContext(bctx, "outbox/wal relay waits for decoded transactions to become visible", "transactions", n, "slot", r.cfg.Slot, "owner", r.cfg.Owner)
+		r.log.DebugContext(bctx, "outbox/wal relay waits for decoded transactions to become visible", "transactions", n, "slot", r.slotName(), "owner", r.cfg.Owner)
 	})
 	if err != nil {
 		errs := make([]error, len(todo))
@@ -228,13 +296,21 @@ func (r *Relay) attempt(ctx context.Context, p *progress) {
 }
 
 // advance moves p.acked to the end of the last transaction of the batch
-// in hand whose events, and all before them, are delivered. r.mu is held.
+// in hand whose events, and all before them, are delivered, and sets
+// p.open to the end of the transaction that the delivered events stop
+// inside (0 at a transaction's end). A batch with nothing delivered at
+// its head leaves both as the previous batch left them. r.mu is held.
 func (r *Relay) advance(p *progress) {
 	for i := range p.inflight {
 		if !p.delivered[i] {
 			return
 		}
-		if p.inflight[i].last && p.inflight[i].end > p.acked {
+		if !p.inflight[i].last {
+			p.open = p.inflight[i].end
+			continue
+		}
+		p.open = 0
+		if p.inflight[i].end > p.acked {
 			p.acked = p.inflight[i].end
 		}
 	}

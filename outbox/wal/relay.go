@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -42,6 +43,13 @@ type Relay struct {
 
 	svc startstop.Service
 
+	// slot is the slot's name: cfg.Slot, filled with the default by
+	// NewRelay and switched to the legacy default by setup when that is
+	// the one this database has (see Config.Slot).
+	slot atomic.Pointer[string]
+	// defaultSlot: cfg.Slot was empty.
+	defaultSlot bool
+
 	// mu guards the progress that the reader, the publisher and the lag
 	// measure share.
 	mu   sync.Mutex
@@ -61,6 +69,15 @@ func NewRelay(connString string, pub outbox.Publisher, cfg *Config) (*Relay, err
 		return nil, fmt.Errorf("%w: connection string: %v", ErrInvalidConfig, errors.Unwrap(err))
 	}
 	c := cfg.withDefaults()
+	// PostgreSQL's rule: without a database, the one named like the user.
+	database := cc.Database
+	if database == "" {
+		database = cc.User
+	}
+	defaultSlot := c.Slot == ""
+	if defaultSlot {
+		c.Slot = DefaultSlot(database)
+	}
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
@@ -73,18 +90,20 @@ func NewRelay(connString string, pub outbox.Publisher, cfg *Config) (*Relay, err
 	plain.RuntimeParams["application_name"] = "idem-wal-relay " + c.Owner
 	r := &Relay{
 		connCfg: cc, plainCfg: plain, connString: connString, pub: pub, cfg: c, log: c.Logger,
-		backoff: backoff.Policy{Min: c.BackoffMin, Max: c.BackoffMax},
+		backoff: backoff.Policy{Min: c.BackoffMin, Max: c.BackoffMax}, defaultSlot: defaultSlot,
 	}
+	r.slot.Store(&c.Slot)
 	r.check, _ = pub.(outbox.Checker)
 	return r, nil
 }
 
 // Start connects, checks that the server decodes logical WAL
 // (ErrNotLogical otherwise), creates the publication and the slot when
-// they are missing, and launches the relay; the relay then takes the slot
-// or, while another relay reads it, waits as a standby. ctx bounds that
-// first connection and lends its values to the run; cancelling it
-// afterwards changes nothing. Start on a running relay is a no-op; Start
+// they are missing (a slot of that name that belongs to another database
+// or plugin: ErrSlotMismatch), and launches the relay; the relay then
+// takes the slot or, while another relay reads it, waits as a standby.
+// ctx bounds that first connection and lends its values to the run;
+// cancelling it afterwards changes nothing. Start on a running relay is a no-op; Start
 // after a stop starts a fresh run.
 //
 // Events enqueued before the slot first existed are never decoded: start
@@ -105,10 +124,15 @@ func (r *Relay) Start(ctx context.Context) error {
 
 // Stop is the soft stop: the relay stops reading, the batch in hand is
 // published (one attempt, bounded by BatchTimeout), the position it
-// reached is confirmed to the slot, and the connection is closed. It
-// returns when that is done, or with ctx's error when ctx ends first.
-// Events read and not yet published are not lost: the slot sends them
-// again to the next reader.
+// reached is confirmed to the slot, and the connection is closed. The
+// position can be confirmed only at a transaction's end: when the
+// delivered events stop inside a transaction (one larger than
+// BatchSize), the rest of that transaction, and nothing after it, is
+// delivered first, retried on the work context until it goes through or
+// HardStop abandons it (then the next reader sends its delivered part
+// again). Stop returns when that is done, or with ctx's error when ctx
+// ends first (the relay goes on until HardStop). Events read and not yet
+// published are not lost: the slot sends them again to the next reader.
 func (r *Relay) Stop(ctx context.Context) error { return r.svc.Stop(ctx) }
 
 // HardStop is the soft stop plus the cancellation of the publish in hand.
@@ -116,11 +140,18 @@ func (r *Relay) Stop(ctx context.Context) error { return r.svc.Stop(ctx) }
 // once).
 func (r *Relay) HardStop(ctx context.Context) error { return r.svc.HardStop(ctx) }
 
+// Slot is the name of the replication slot the relay reads: Config.Slot,
+// or its default (see Config.Slot), which Start settles once it has
+// looked at the server.
+func (r *Relay) Slot() string { return r.slotName() }
+
+func (r *Relay) slotName() string { return *r.slot.Load() }
+
 func (r *Relay) emit(ctx context.Context, e outbox.RelayEvent) context.Context {
 	if r.cfg.Hook == nil {
 		return ctx
 	}
-	e.Mode, e.Owner, e.Slot = outbox.WAL, r.cfg.Owner, r.cfg.Slot
+	e.Mode, e.Owner, e.Slot = outbox.WAL, r.cfg.Owner, r.slotName()
 	return idem.CallHook(r.cfg.Hook, ctx, e)
 }
 
@@ -184,21 +215,69 @@ func (r *Relay) setup(ctx context.Context, conn *pgconn.PgConn) error {
 			return fmt.Errorf("outbox/wal: create publication %s: %w", r.cfg.Publication, err)
 		}
 	}
-	res, err = conn.Exec(ctx, "SELECT 1 FROM pg_replication_slots WHERE slot_name = '"+r.cfg.Slot+"'").ReadAll()
+	slot := r.slotName()
+	found, err := r.checkSlot(ctx, conn, slot)
 	if err != nil {
-		return fmt.Errorf("outbox/wal: slot: %w", err)
+		return err
 	}
-	if len(res[0].Rows) == 0 {
+	if !found && r.defaultSlot && slot != SlotDefault {
+		// An upgrade from the default without the database: keep reading
+		// the old slot when this database has it, or its undelivered
+		// events would never be published.
+		legacy, err := r.checkSlot(ctx, conn, SlotDefault)
+		if err == nil && legacy {
+			r.log.Info("outbox/wal relay: using the slot of the former default name; set Config.Slot to keep it, or drain and drop it to move to the new default",
+				"slot", SlotDefault, "new_default", slot)
+			r.slot.Store(new(SlotDefault))
+			return nil
+		}
+	}
+	if !found {
 		// Creating a logical slot waits for the transactions running at
 		// that moment to end (it needs a consistent snapshot): say so, as
 		// one long transaction anywhere in the cluster stalls the start.
-		r.log.Info("creating replication slot: waits for the transactions running now to end", "slot", r.cfg.Slot)
-		_, err := pglogrepl.CreateReplicationSlot(ctx, conn, r.cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{})
+		r.log.Info("creating replication slot: waits for the transactions running now to end", "slot", slot)
+		_, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{})
 		if err != nil && !isCode(err, "42710") {
-			return fmt.Errorf("outbox/wal: create slot %s: %w", r.cfg.Slot, err)
+			return fmt.Errorf("outbox/wal: create slot %s: %w", slot, err)
+		}
+		if err != nil { // created meanwhile, maybe from another database: look again
+			if _, err := r.checkSlot(ctx, conn, slot); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// checkSlot reports whether slot exists, and ErrSlotMismatch when it does
+// but is not a pgoutput slot of the connection's database.
+func (r *Relay) checkSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (bool, error) {
+	// Names are checked identifiers (validate): no quoting needed.
+	res, err := conn.Exec(ctx, `SELECT current_database(), s.database, s.plugin, s.slot_type
+		FROM (SELECT 1) AS one LEFT JOIN pg_replication_slots s ON s.slot_name = '`+slot+`'`).ReadAll()
+	if err != nil {
+		return false, fmt.Errorf("outbox/wal: slot: %w", err)
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 4 {
+		return false, fmt.Errorf("outbox/wal: slot %s: unexpected answer from pg_replication_slots", slot)
+	}
+	row := res[0].Rows[0]
+	ours, db, plugin, typ := string(row[0]), row[1], row[2], string(row[3])
+	if typ == "" {
+		return false, nil
+	}
+	if typ != "logical" || string(db) != ours || string(plugin) != "pgoutput" {
+		orNone := func(b []byte) string {
+			if b == nil {
+				return "(none)"
+			}
+			return string(b)
+		}
+		return true, fmt.Errorf("%w: slot %s is a %s slot of database %s with plugin %s; this relay's database is %s: give it a slot of its own (Config.Slot)",
+			ErrSlotMismatch, slot, typ, orNone(db), orNone(plugin), ours)
+	}
+	return true, nil
 }
 
 func isCode(err error, code string) bool {
@@ -240,7 +319,7 @@ func (r *Relay) run(ctx context.Context, conn *pgconn.PgConn) {
 			wait = r.cfg.AcquireInterval
 		default:
 			failures++
-			r.log.WarnContext(ctx, "outbox/wal relay stream", "error", err, "slot", r.cfg.Slot, "owner", r.cfg.Owner)
+			r.log.WarnContext(ctx, "outbox/wal relay stream", "error", err, "slot", r.slotName(), "owner", r.cfg.Owner)
 			r.emit(ctx, outbox.RelayEvent{Kind: outbox.RelayStreamFailed, Err: err})
 			wait = r.backoff.Delay(failures)
 		}
@@ -277,6 +356,13 @@ type progress struct {
 	delivered []bool
 	// acked: everything before it is delivered (or not an event).
 	acked pglogrepl.LSN
+	// open is the end of the transaction that the delivered events stop
+	// inside, 0 when they end at a transaction's end: what a soft stop
+	// finishes before it confirms (finishTx).
+	open pglogrepl.LSN
+	// broken: the reader gave up on the stream; nothing delivered now
+	// could be confirmed, so a stop does not finish a transaction.
+	broken bool
 	// seen: everything before it was received and, when queue and
 	// inflight are empty, delivered: the reader sets it only with no
 	// transaction open and nothing queued.
@@ -321,7 +407,7 @@ func signal(c chan struct{}) {
 // stream reads the slot on conn until ctx ends or the connection fails.
 // acquired reports whether it became the slot's reader.
 func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn) (acquired bool, err error) {
-	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+	err = pglogrepl.StartReplication(ctx, conn, r.slotName(), 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Publication + "'", "messages 'true'"},
 	})
 	if err != nil {
@@ -340,19 +426,43 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn) (acquired bool,
 
 	// The publisher runs beside the reader so that reading (and answering
 	// keepalives) goes on during a publish. It stops with ctx, after the
-	// batch in hand, or when the reader gives up (stop).
+	// batch in hand and, at a soft stop, the rest of the transaction that
+	// batch stops inside (finishTx), or when the reader gives up (stop).
 	pubCtx, stopPub := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
+	pubDone := make(chan struct{})
 	go func() {
-		defer wg.Done()
+		defer close(pubDone)
 		defer p.vis.close()
-		r.publishLoop(pubCtx, p)
+		r.publishLoop(pubCtx, ctx, p)
 	}()
 
 	err = r.read(ctx, conn, p)
+	if err != nil {
+		r.mu.Lock()
+		p.broken = true
+		r.mu.Unlock()
+	}
 	stopPub()
-	wg.Wait()
+	if err == nil && !conn.IsClosed() {
+		// A soft stop: the reader has returned, the publisher may be
+		// finishing a transaction. Keep reporting the position meanwhile,
+		// so that the server (wal_sender_timeout) keeps the stream and
+		// what is delivered is confirmed as it goes.
+		t := time.NewTicker(r.cfg.StatusInterval)
+	wait:
+		for {
+			select {
+			case <-pubDone:
+				break wait
+			case <-t.C:
+				if serr := r.sendStatus(context.WithoutCancel(ctx), conn, p, false); serr != nil {
+					break wait
+				}
+			}
+		}
+		t.Stop()
+	}
+	<-pubDone
 	// Confirm what the publisher finished, and end the stream cleanly so
 	// that the server has processed the confirmation before it releases
 	// the slot (a later reader then resumes right after it).

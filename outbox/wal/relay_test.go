@@ -381,3 +381,76 @@ func TestKeepalivesAnsweredDuringAPublish(t *testing.T) {
 		t.Fatalf("slot acquired %d times, want once", acquired)
 	}
 }
+
+// gatePub passes its first call through and holds every later one until
+// release is closed, saying on entered that it holds one.
+type gatePub struct {
+	next    outbox.Publisher
+	mu      sync.Mutex
+	calls   int
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (p *gatePub) Publish(ctx context.Context, events []outbox.Event) error {
+	p.mu.Lock()
+	p.calls++
+	n := p.calls
+	p.mu.Unlock()
+	if n == 2 {
+		close(p.entered)
+	}
+	if n >= 2 {
+		select {
+		case <-p.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return p.next.Publish(ctx, events)
+}
+
+// TestSoftStopFinishesTheTransaction: a soft Stop that comes while the
+// relay is in the middle of a transaction four times BatchSize (its first
+// batch delivered, the second in a publish call) lets it finish that
+// transaction, so the slot confirms the transaction's end and the next
+// relay publishes nothing of it again: every event once, in order.
+func TestSoftStopFinishesTheTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const batch = 3
+	gp := &gatePub{next: b.kpub, entered: make(chan struct{}), release: make(chan struct{})}
+	r1 := b.start(t, gp, &wal.Config{BatchSize: batch})
+	var big []outbox.Message
+	var want []string
+	for i := range 4 * batch {
+		id := fmt.Sprintf("e%02d", i)
+		big = append(big, msg("a", id))
+		want = append(want, id)
+	}
+	b.enqueue(t, big...)
+	<-gp.entered // the first batch is delivered, the second is in hand
+	// A Stop whose ctx has already ended begins the soft stop and returns
+	// at once: from here on the relay is stopping.
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r1.Stop(done); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Stop with an ended ctx: %v, want context.Canceled", err)
+	}
+	close(gp.release)
+	stop, cancelStop := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancelStop()
+	if err := r1.Stop(stop); err != nil {
+		t.Fatal(err)
+	}
+	b.enqueue(t, msg("b", "after"))
+	b.start(t, nil, &wal.Config{BatchSize: batch})
+	want = append(want, "after")
+	recs := b.kc.ReadAll(t, b.topic, len(want), 60*time.Second)
+	if got := ids(recs); !slices.Equal(got, want) {
+		t.Fatalf("delivered %v, want %v: each event once, in order", got, want)
+	}
+	if more, _ := b.kc.Read(b.topic, len(want)+1, time.Second); len(more) > len(want) {
+		t.Fatalf("%d records, want %d: %v", len(more), len(want), ids(more))
+	}
+}

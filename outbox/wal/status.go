@@ -107,7 +107,7 @@ func (r *Relay) lagLoop(ctx context.Context) {
 		}
 		r.emit(ctx, outbox.RelayEvent{Kind: outbox.RelaySlotLag, LagBytes: lag.Bytes, LagAge: lag.Age, Err: err})
 		if err == nil && (lag.Bytes > r.cfg.LagWarnBytes || lag.Age > r.cfg.LagWarnAge) {
-			r.log.WarnContext(ctx, "outbox/wal slot lag past its threshold", "slot", r.cfg.Slot,
+			r.log.WarnContext(ctx, "outbox/wal slot lag past its threshold", "slot", r.slotName(),
 				"lag_bytes", lag.Bytes, "lag_age", lag.Age, "warn_bytes", r.cfg.LagWarnBytes, "warn_age", r.cfg.LagWarnAge)
 		}
 	}
@@ -135,7 +135,7 @@ func (r *Relay) measure(ctx context.Context, conn **pgx.Conn) (Lag, error) {
 		}
 		*conn = c
 	}
-	st, err := GetSlotStatus(qctx, *conn, r.cfg.Slot)
+	st, err := GetSlotStatus(qctx, *conn, r.slotName())
 	if err != nil {
 		_ = (*conn).Close(context.Background())
 		*conn = nil
