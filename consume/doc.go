@@ -65,9 +65,18 @@
 //     event id lets a reader deduplicate).
 //   - Duplicates older than the processed_event retention (inbox.Purger)
 //     are handled again.
-//   - A deterministic failure of the transaction itself (not the handler:
-//     a deferred constraint at COMMIT) is retried until the consumer
-//     stops, without counting towards MaxAttempts.
+//   - A failure of the transaction itself (not the handler's error) is
+//     taken for a database outage and retried until it passes or the
+//     consumer stops, without counting towards MaxAttempts, unless it is
+//     a refusal PostgreSQL repeats for this message on every attempt: a
+//     data exception (SQLSTATE class 22: 22021, an event id that is not
+//     valid UTF-8) or a program limit (class 54: 54000, an index entry
+//     over the btree limit), which is dead-lettered at once like a
+//     Permanent handler error. An event id that processed_event cannot
+//     hold (inbox.ValidateEventID) is refused before the database, the
+//     same way. A deterministic failure of another class (a deferred
+//     constraint at COMMIT, class 23) is still retried until the
+//     consumer stops.
 //
 // # Writing a driver
 //

@@ -13,6 +13,10 @@
 //     it, and the next consumer starts after it;
 //   - PoisonInOrder: messages the handler fails on are dead-lettered in
 //     stream order and the stream carries on, in order;
+//   - DefiniteRefusal: a message whose event id PostgreSQL cannot store
+//     (invalid UTF-8, over the index limit) or whose transaction it
+//     refuses with a data exception is dead-lettered at once, like a
+//     Permanent handler error, and the stream carries on, in order;
 //   - StuckDeadLetter: a message that can be neither processed nor
 //     dead-lettered (the dead-letter destination is missing, or the copy
 //     is too large) is reported (consume.KindStuck), holds only its own
@@ -118,6 +122,12 @@ func Run(t *testing.T, h Harness) {
 		t.Parallel()
 		for _, batch := range []bool{false, true} {
 			t.Run("batch="+strconv.FormatBool(batch), func(t *testing.T) { t.Parallel(); testPoisonInOrder(t, h, batch) })
+		}
+	})
+	t.Run("DefiniteRefusal", func(t *testing.T) {
+		t.Parallel()
+		for _, batch := range []bool{false, true} {
+			t.Run("batch="+strconv.FormatBool(batch), func(t *testing.T) { t.Parallel(); testDefiniteRefusal(t, h, batch) })
 		}
 	})
 	t.Run("StuckDeadLetter", func(t *testing.T) {
