@@ -28,9 +28,10 @@
 //
 // # A message that can be neither processed nor dead-lettered
 //
-// When the dead-letter itself fails (the copy is too large for the
-// dead-letter topic, the topic does not exist, the consumer may not write
-// to it), the message is never dropped and never loops silently. After
+// When the dead-letter itself fails (the topic does not exist, the
+// consumer may not write to it, or the copy is too large and the driver
+// cannot send a reference copy instead: package kafka does, see below),
+// the message is never dropped and never loops silently. After
 // the first failed attempt it holds its stream, and only its stream: the
 // other streams keep flowing and rebalances are not blocked, because
 // later attempts run in the background (DeadLetterAttempts of them with
@@ -45,7 +46,11 @@
 //   - missing or forbidden dead-letter topic: create it, or grant the
 //     consumer write access; the next background attempt succeeds and the
 //     stream resumes by itself;
-//   - copy too large: raise the dead-letter topic's max.message.bytes (and,
+//   - copy too large (a driver without reference copies; package kafka
+//     dead-letters a reference instead, with no value and dlq-truncated,
+//     and the stream moves on: the original stays in the source topic for
+//     its retention, where idem dlq show and redrive read it): raise the
+//     dead-letter topic's max.message.bytes (and,
 //     for a local MESSAGE_TOO_LARGE, the consumer's producer limit,
 //     kgo.ProducerBatchMaxBytes in package kafka's ClientOpts) above the
 //     message's size plus about 1.5 KiB of dead-letter headers (the error

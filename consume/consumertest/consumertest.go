@@ -22,6 +22,9 @@
 //     is too large) is reported (consume.KindStuck), holds only its own
 //     stream, is not acknowledged, lets a second member join and Stop
 //     complete, and is dead-lettered once the operator fixes the cause.
+//     With Harness.ReferenceCopy, the too-large case checks instead that
+//     a reference copy (no value, dlq-truncated) is dead-lettered and the
+//     stream moves on.
 //
 // KillAfterDBCommit runs the test binary again as the consumer process:
 // Run must be called from a top-level test (TestXxx(t) { consumertest.Run(t,
@@ -56,6 +59,12 @@ type Harness struct {
 	// accepts but whose dead-letter copy (the same value plus the
 	// dead-letter headers) it refuses as too large. Required.
 	NearLimitValue int
+	// ReferenceCopy says the driver dead-letters a reference copy (no
+	// value, dlq-truncated "true", dlq-source) when the full copy is too
+	// large: then StuckDeadLetter's too-large case checks that the
+	// message is dead-lettered that way and its stream moves on, instead
+	// of that it holds its stream. Defaults to false.
+	ReferenceCopy bool
 }
 
 // Broker is one test's broker as the driver sees it.
