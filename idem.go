@@ -44,6 +44,15 @@ const (
 	HeaderDeadLetterAttempts = "dlq-attempts"
 	// HeaderDeadLetterConsumer is the consumer id that gave up.
 	HeaderDeadLetterConsumer = "dlq-consumer"
+	// HeaderDeadLetterTruncated is "true" on a reference copy: the
+	// original was too large to dead-letter whole, so the copy has no
+	// value and only the original's event headers; the original stays in
+	// its source (HeaderDeadLetterSource) for as long as the source's
+	// retention keeps it. The dead-letter tools read it from there.
+	HeaderDeadLetterTruncated = "dlq-truncated"
+	// HeaderDeadLetterSize is the original's size in bytes (key, value
+	// and headers), on a reference copy.
+	HeaderDeadLetterSize = "dlq-size"
 	// HeaderDeadLetterRedriveID marks a record republished from a
 	// dead-letter topic: the "topic/partition/offset" of the dead-letter
 	// record it copies. A redrive skips a record whose id it finds on the

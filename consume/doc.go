@@ -28,9 +28,10 @@
 //
 // # A message that can be neither processed nor dead-lettered
 //
-// When the dead-letter itself fails (the copy is too large for the
-// dead-letter topic, the topic does not exist, the consumer may not write
-// to it), the message is never dropped and never loops silently. After
+// When the dead-letter itself fails (the topic does not exist, the
+// consumer may not write to it, or the copy is too large and the driver
+// cannot send a reference copy instead: package kafka does, see below),
+// the message is never dropped and never loops silently. After
 // the first failed attempt it holds its stream, and only its stream: the
 // other streams keep flowing and rebalances are not blocked, because
 // later attempts run in the background (DeadLetterAttempts of them with
@@ -45,7 +46,11 @@
 //   - missing or forbidden dead-letter topic: create it, or grant the
 //     consumer write access; the next background attempt succeeds and the
 //     stream resumes by itself;
-//   - copy too large: raise the dead-letter topic's max.message.bytes (and,
+//   - copy too large (a driver without reference copies; package kafka
+//     dead-letters a reference instead, with no value and dlq-truncated,
+//     and the stream moves on: the original stays in the source topic for
+//     its retention, where idem dlq show and redrive read it): raise the
+//     dead-letter topic's max.message.bytes (and,
 //     for a local MESSAGE_TOO_LARGE, the consumer's producer limit,
 //     kgo.ProducerBatchMaxBytes in package kafka's ClientOpts) above the
 //     message's size plus about 1.5 KiB of dead-letter headers (the error
@@ -65,9 +70,18 @@
 //     event id lets a reader deduplicate).
 //   - Duplicates older than the processed_event retention (inbox.Purger)
 //     are handled again.
-//   - A deterministic failure of the transaction itself (not the handler:
-//     a deferred constraint at COMMIT) is retried until the consumer
-//     stops, without counting towards MaxAttempts.
+//   - A failure of the transaction itself (not the handler's error) is
+//     taken for a database outage and retried until it passes or the
+//     consumer stops, without counting towards MaxAttempts, unless it is
+//     a refusal PostgreSQL repeats for this message on every attempt: a
+//     data exception (SQLSTATE class 22: 22021, an event id that is not
+//     valid UTF-8) or a program limit (class 54: 54000, an index entry
+//     over the btree limit), which is dead-lettered at once like a
+//     Permanent handler error. An event id that processed_event cannot
+//     hold (inbox.ValidateEventID) is refused before the database, the
+//     same way. A deterministic failure of another class (a deferred
+//     constraint at COMMIT, class 23) is still retried until the
+//     consumer stops.
 //
 // # Writing a driver
 //

@@ -2,8 +2,11 @@ package consume
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/failpoint"
@@ -129,8 +132,9 @@ func (r *run) hold(m *Message) {
 // dead-lettered, stuck, or abandoned by a stop.
 func (r *run) processOne(it *item) outcome {
 	m := it.m
-	// Without an event id there is nothing to prepare: tryOne dead-letters.
-	prepared := r.cfg.Prepare == nil || m.EventID == ""
+	// Without a storable event id there is nothing to prepare: tryOne
+	// dead-letters.
+	prepared := r.cfg.Prepare == nil || inbox.ValidateEventID(m.EventID) != nil
 	failures := 0
 	for attempt := 1; ; attempt++ {
 		if r.work.Err() != nil {
@@ -157,6 +161,11 @@ func (r *run) processOne(it *item) outcome {
 		}
 		if prepared && err == nil && herr == nil {
 			kind, herr, err = r.tryOne(it)
+		}
+		if err != nil && messageFault(err) && r.work.Err() == nil {
+			// PostgreSQL refused what this message makes it do, and would
+			// on every attempt: the message's fault, as a Permanent error.
+			herr, err = Permanent(err), nil
 		}
 		if err == nil && herr == nil {
 			e := r.event(kind, it)
@@ -200,8 +209,10 @@ func (r *run) processOne(it *item) outcome {
 // tryOne is one attempt: begin, mark, handle, commit. herr is the
 // handler's error (the transaction rolled back); err any other failure.
 func (r *run) tryOne(it *item) (k Kind, herr, err error) {
-	if it.m.EventID == "" {
-		return "", Permanent(inbox.ErrEmptyEventID), nil
+	if err := inbox.ValidateEventID(it.m.EventID); err != nil {
+		// Checked before the database: PostgreSQL would refuse the mark
+		// on every attempt.
+		return "", Permanent(err), nil
 	}
 	ctx := it.ctx
 	tx, err := r.c.db.Begin(ctx)
@@ -248,7 +259,7 @@ func (r *run) processBatch(msgs []*Message) {
 		items[i] = r.begin(m, len(msgs))
 	}
 	for _, it := range items {
-		if it.m.EventID == "" {
+		if inbox.ValidateEventID(it.m.EventID) != nil {
 			r.processEach(msgs, items)
 			return
 		}
@@ -265,8 +276,12 @@ func (r *run) processBatch(msgs []*Message) {
 			}
 			return
 		}
-		if herr != nil {
-			r.c.log.Info("batch handler failed; processing the batch message by message", "messages", len(items), "err", herr)
+		if herr != nil || messageFault(err) {
+			// A handler failure, or a refusal that will come back on every
+			// attempt (one of the messages made PostgreSQL fail
+			// definitively): message by message, only the bad one is
+			// retried and dead-lettered.
+			r.c.log.Info("batch failed; processing the batch message by message", "messages", len(items), "err", errors.Join(herr, err))
 			r.processEach(msgs, items)
 			return
 		}
@@ -325,4 +340,31 @@ func (r *run) tryBatch(items []*item) (kinds []Kind, herr, err error) {
 	}
 	r.dbCommitted()
 	return kinds, nil, nil
+}
+
+// messageFault reports whether err, from a message's transaction (the
+// mark, the handler's statements as seen by the commit, the commit), is a
+// refusal PostgreSQL would repeat on every attempt because of the data
+// the message brings, so that retrying it would hold its stream for ever:
+//
+//   - class 22, data exception (22021 invalid byte sequence, 22001 string
+//     too long, 22P02 invalid text representation, 22023 …);
+//   - class 54, program limit exceeded (54000: an index row over the
+//     btree limit, 54001 statement too complex).
+//
+// Everything else stays a database failure, retried without counting:
+// connection loss (08), serialization failures and deadlocks (40), lock
+// timeouts and cancellations (55, 57), resource exhaustion (53), and
+// class 23 (a constraint, which another transaction or an operator may
+// resolve: see the package doc's Not guaranteed).
+func messageFault(err error) bool {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) || len(pg.Code) != 5 {
+		return false
+	}
+	switch pg.Code[:2] {
+	case "22", "54":
+		return true
+	}
+	return false
 }

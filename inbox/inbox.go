@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -42,9 +44,50 @@ var (
 	ErrEmptyConsumerID = errors.New("inbox: empty consumer id")
 	// ErrEmptyEventID is returned for an empty event id.
 	ErrEmptyEventID = errors.New("inbox: empty event id")
+	// ErrInvalidEventID is returned (wrapped, with the reason) for an event
+	// id that processed_event cannot hold: not valid UTF-8, containing
+	// NUL, or longer than MaxEventIDBytes. PostgreSQL would refuse it on
+	// every attempt (SQLSTATE 22021, or 54000 over the btree limit of about
+	// 2.7 KB), so no retry can help: it is the message's fault.
+	ErrInvalidEventID = errors.New("inbox: invalid event id")
 	// ErrInvalidConfig wraps every Config validation error.
 	ErrInvalidConfig = errors.New("inbox: invalid config")
 )
+
+// MaxEventIDBytes bounds an event id. It is the outbox's bound on the ids
+// it publishes (outbox.MaxFieldBytes, 1,024 bytes), well below the ~2.7 KB
+// that a btree entry of processed_event's primary key can hold.
+const MaxEventIDBytes = 1024
+
+// ValidateEventID reports whether processed_event can hold eventID:
+// ErrEmptyEventID for "", an error wrapping ErrInvalidEventID for one that
+// is not valid UTF-8, contains NUL or is longer than MaxEventIDBytes, nil
+// otherwise. MarkProcessedTx, MarkProcessedBatchTx, SeenTx and Seen check
+// it before touching the database; a consumer calls it to tell a message
+// that can never be recorded from a database that is down.
+func ValidateEventID(eventID string) error {
+	switch {
+	case eventID == "":
+		return ErrEmptyEventID
+	case len(eventID) > MaxEventIDBytes:
+		return fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidEventID, len(eventID), MaxEventIDBytes)
+	case !utf8.ValidString(eventID):
+		return fmt.Errorf("%w: not valid UTF-8 (%s)", ErrInvalidEventID, idPrefix(eventID))
+	case strings.ContainsRune(eventID, 0):
+		return fmt.Errorf("%w: contains NUL (%s)", ErrInvalidEventID, idPrefix(eventID))
+	}
+	return nil
+}
+
+// idPrefix quotes the start of a bad id for an error text: escaped, so
+// that the text itself is valid UTF-8 and short.
+func idPrefix(id string) string {
+	const n = 32
+	if len(id) > n {
+		return fmt.Sprintf("%+q…", id[:n])
+	}
+	return fmt.Sprintf("%+q", id)
+}
 
 // Config configures an Inbox. A nil *Config means all defaults.
 type Config struct {
@@ -113,8 +156,8 @@ func (ib *Inbox) MarkProcessedTx(ctx context.Context, tx pgx.Tx, consumerID, eve
 	if consumerID == "" {
 		return false, ErrEmptyConsumerID
 	}
-	if eventID == "" {
-		return false, ErrEmptyEventID
+	if err := ValidateEventID(eventID); err != nil {
+		return false, err
 	}
 	q := dbsqlc.New(tx)
 	switch ib.form {
@@ -142,9 +185,9 @@ func (ib *Inbox) MarkProcessedBatchTx(ctx context.Context, tx pgx.Tx, consumerID
 	if len(eventIDs) == 0 {
 		return nil, nil
 	}
-	for _, id := range eventIDs {
-		if id == "" {
-			return nil, ErrEmptyEventID
+	for i, id := range eventIDs {
+		if err := ValidateEventID(id); err != nil {
+			return nil, fmt.Errorf("inbox: event %d: %w", i, err)
 		}
 	}
 	q := dbsqlc.New(tx)
@@ -209,8 +252,8 @@ func seen(ctx context.Context, db DBTX, consumerID, eventID string) (bool, error
 	if consumerID == "" {
 		return false, ErrEmptyConsumerID
 	}
-	if eventID == "" {
-		return false, ErrEmptyEventID
+	if err := ValidateEventID(eventID); err != nil {
+		return false, err
 	}
 	ok, err := dbsqlc.New(db).Seen(ctx, dbsqlc.SeenParams{ConsumerID: consumerID, EventID: eventID})
 	if err != nil {

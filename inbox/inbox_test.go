@@ -95,6 +95,11 @@ func TestMarkProcessedTxDefaultAndBadInput(t *testing.T) {
 	}{
 		{"empty consumer", "", "e", inbox.ErrEmptyConsumerID},
 		{"empty event", "c", "", inbox.ErrEmptyEventID},
+		// PostgreSQL would refuse these on every attempt (22021, 54000).
+		{"binary event id", "c", "\xde\xad\xbe\xef", inbox.ErrInvalidEventID},
+		{"NUL in event id", "c", "a\x00b", inbox.ErrInvalidEventID},
+		{"event id over the bound", "c", strings.Repeat("x", inbox.MaxEventIDBytes+1), inbox.ErrInvalidEventID},
+		{"event id at the bound", "c", strings.Repeat("x", inbox.MaxEventIDBytes), nil},
 	}
 	for _, tt := range testCases {
 		if _, err := inTx(t, db, func(tx pgx.Tx) (bool, error) { return inbox.MarkProcessedTx(ctx, tx, tt.consumer, tt.event) }); !errors.Is(err, tt.want) {
@@ -107,6 +112,15 @@ func TestMarkProcessedTxDefaultAndBadInput(t *testing.T) {
 		return false, err
 	}); !errors.Is(err, inbox.ErrEmptyEventID) {
 		t.Errorf("batch with empty id: err = %v", err)
+	}
+	if _, err := inTx(t, db, func(tx pgx.Tx) (bool, error) {
+		_, err := ib.MarkProcessedBatchTx(ctx, tx, "c", []string{"a", strings.Repeat("y", 3000)})
+		return false, err
+	}); !errors.Is(err, inbox.ErrInvalidEventID) {
+		t.Errorf("batch with a 3 KB id: err = %v", err)
+	}
+	if _, err := inbox.Seen(ctx, db.Pool, "c", "\xff"); !errors.Is(err, inbox.ErrInvalidEventID) {
+		t.Errorf("Seen of a binary id: err = %v", err)
 	}
 	if _, err := inbox.New(&inbox.Config{Form: "sideways"}); !errors.Is(err, inbox.ErrInvalidConfig) {
 		t.Errorf("bad form: err = %v", err)

@@ -28,6 +28,8 @@ func TestConsumerKit(t *testing.T) {
 		// default): this value fits with its few headers; its dead-letter
 		// copy, with the dead-letter headers, does not.
 		NearLimitValue: 1_000_012 - 300,
+		// A copy too large is dead-lettered as a reference (no value).
+		ReferenceCopy: true,
 	})
 }
 

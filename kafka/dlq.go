@@ -29,6 +29,10 @@ var (
 	// ErrNoDestination: Redrive was given no To and a record carries no
 	// dlq-source and the topic has no DeadLetterSuffixDefault suffix.
 	ErrNoDestination = errors.New("kafka: no destination topic for the redrive")
+	// ErrSourceGone: a reference copy's original (dead-lettered truncated,
+	// because it was too large to copy whole) is no longer in its source
+	// topic, deleted by retention: only the reference copy remains.
+	ErrSourceGone = errors.New("kafka: the source record of a truncated dead-letter copy is gone")
 )
 
 // DeadLetterRecord is one record of a dead-letter topic with the headers
@@ -47,6 +51,16 @@ type DeadLetterRecord struct {
 	Attempts int    `json:"attempts"`
 	Consumer string `json:"consumer"`
 	EventID  string `json:"event_id,omitempty"`
+	// Truncated marks a reference copy (dlq-truncated: the original was
+	// too large to dead-letter whole): Value is empty in the dead-letter
+	// topic and Size is the original's size. Show reads the original from
+	// Source (FromSource), or reports it gone (SourceGone).
+	Truncated  bool `json:"truncated,omitempty"`
+	Size       int  `json:"size,omitempty"`
+	FromSource bool `json:"from_source,omitempty"`
+	SourceGone bool `json:"source_gone,omitempty"`
+	// SourceHeaders are the original's headers, when FromSource.
+	SourceHeaders []kgo.RecordHeader `json:"-"`
 }
 
 // ID is the record's "topic/partition/offset": the redrive id of its copy.
@@ -81,6 +95,10 @@ func deadLetterRecord(rec *kgo.Record) DeadLetterRecord {
 			d.Consumer = string(h.Value)
 		case HeaderEventID:
 			d.EventID = string(h.Value)
+		case HeaderDeadLetterTruncated:
+			d.Truncated = string(h.Value) == "true"
+		case HeaderDeadLetterSize:
+			d.Size, _ = strconv.Atoi(string(h.Value))
 		}
 	}
 	return d
@@ -231,7 +249,10 @@ func (d *DLQ) List(ctx context.Context, topic string, limit int) ([]DeadLetterRe
 }
 
 // Show returns the record at partition and offset of topic, or
-// ErrRecordNotFound / ErrTopicNotFound.
+// ErrRecordNotFound / ErrTopicNotFound. For a reference copy (Truncated)
+// it reads the original from its source: Key, Value and SourceHeaders are
+// the original's (FromSource), or SourceGone is set when the source no
+// longer has it (retention).
 func (d *DLQ) Show(ctx context.Context, topic string, partition int32, offset int64) (*DeadLetterRecord, error) {
 	adm, closeFn, err := d.admin()
 	if err != nil {
@@ -257,6 +278,11 @@ func (d *DLQ) Show(ctx context.Context, topic string, partition int32, offset in
 	}
 	if found == nil || found.Offset != offset { // a compacted or transactional gap
 		return nil, fmt.Errorf("%w: %s/%d/%d", ErrRecordNotFound, topic, partition, offset)
+	}
+	if found.Truncated {
+		if err := d.fillFromSource(ctx, adm, found); err != nil && !errors.Is(err, ErrSourceGone) {
+			return nil, err
+		}
 	}
 	return found, nil
 }
@@ -294,6 +320,17 @@ type RedriveReport struct {
 	// Filtered counts records that FilterError left out.
 	Filtered int  `json:"filtered"`
 	DryRun   bool `json:"dry_run"`
+	// Refused are reference copies (Truncated) whose original is no longer
+	// in its source topic: there is nothing to republish. Redrive moves
+	// the other records and returns an error wrapping ErrSourceGone.
+	Refused []RedriveRefusal `json:"refused,omitempty"`
+}
+
+// RedriveRefusal is a record Redrive refused to move.
+type RedriveRefusal struct {
+	RedriveMove
+	Source string `json:"source"`
+	Reason string `json:"reason"`
 }
 
 // RedriveMove is one record of a redrive.
@@ -306,7 +343,10 @@ type RedriveMove struct {
 
 // Redrive republishes the records of a dead-letter topic to their source
 // topic with their original key, value and headers (the dlq-* headers
-// removed) and a dlq-redrive-id header naming the dead-letter record.
+// removed) and a dlq-redrive-id header naming the dead-letter record. A
+// reference copy (Truncated) is republished from its original, read again
+// from its source; one whose original is gone is refused (Refused, and an
+// error wrapping ErrSourceGone once the others are moved).
 // Each dead-letter record is republished at most once across redrives:
 // before producing, Redrive reads the destination (from Lookback before
 // the oldest selected record) for dlq-redrive-id headers and skips the
@@ -382,10 +422,25 @@ func (d *DLQ) Redrive(ctx context.Context, o RedriveOptions) (*RedriveReport, er
 		}
 	}
 	var out []*kgo.Record
+	var gone []string
 	for _, p := range plan {
 		if seen[p.move.To+"\x00"+p.move.ID] {
 			rep.AlreadyRedriven = append(rep.AlreadyRedriven, p.move)
 			continue
+		}
+		if p.rec.Truncated {
+			// A reference copy has no value: republish the original,
+			// read again from its source, or refuse if it is gone.
+			if err := d.fillFromSource(ctx, adm, &p.rec); err != nil {
+				if !errors.Is(err, ErrSourceGone) {
+					return nil, err
+				}
+				rep.Refused = append(rep.Refused, RedriveRefusal{RedriveMove: p.move, Source: p.rec.Source,
+					Reason: "truncated dead-letter copy whose source record is gone (retention): nothing left to redrive"})
+				gone = append(gone, p.move.ID)
+				continue
+			}
+			p.rec.Headers = p.rec.SourceHeaders
 		}
 		rep.Moved = append(rep.Moved, p.move)
 		headers := make([]kgo.RecordHeader, 0, len(p.rec.Headers)+1)
@@ -397,8 +452,12 @@ func (d *DLQ) Redrive(ctx context.Context, o RedriveOptions) (*RedriveReport, er
 		headers = append(headers, kgo.RecordHeader{Key: HeaderDeadLetterRedriveID, Value: []byte(p.move.ID)})
 		out = append(out, &kgo.Record{Topic: p.move.To, Key: p.rec.Key, Value: p.rec.Value, Headers: headers})
 	}
+	var goneErr error
+	if len(gone) > 0 {
+		goneErr = fmt.Errorf("%w: refused %s", ErrSourceGone, strings.Join(gone, ", "))
+	}
 	if o.DryRun || len(out) == 0 {
-		return rep, nil
+		return rep, goneErr
 	}
 	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), d.opts...), ProducerOpts()...)...)
 	if err != nil {
@@ -411,10 +470,10 @@ func (d *DLQ) Redrive(ctx context.Context, o RedriveOptions) (*RedriveReport, er
 		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 			id := rep.Moved[i].ID
 			rep.Moved = rep.Moved[:i]
-			return rep, fmt.Errorf("kafka: redrive %s to %s: %w", id, rec.Topic, err)
+			return rep, errors.Join(fmt.Errorf("kafka: redrive %s to %s: %w", id, rec.Topic, err), goneErr)
 		}
 	}
-	return rep, nil
+	return rep, goneErr
 }
 
 // sourceTopic is the topic of a dlq-source "topic/partition/offset".

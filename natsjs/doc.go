@@ -50,12 +50,24 @@
 //     acked. MaxAckPending (1000) bounds them, with everything else in
 //     hand: a subject is one aggregate, whose later events are few.
 //
-// Order is per subject, that is per aggregate, within one member: the
-// durable consumer delivers in stream order and the consumer processes a
-// subject's messages one at a time. Unlike a Kafka partition, a subject
-// is not owned by one member: two members pulling from one durable get
-// different messages, possibly of one aggregate, at once. When the order
-// of one aggregate's events matters across members, run one member per
-// durable (or MaxAckPending 1); each event is still processed once either
-// way, by the inbox.
+// Order is per subject, that is per aggregate: the durable consumer
+// delivers in stream order and the consumer processes a subject's
+// messages one at a time. Across a crash too: a member SIGKILLed with a
+// subject's messages in hand leaves them pending on the durable until
+// AckWait, and JetStream hands the later messages of that subject to the
+// next member at once (it has no MaxAckPending per subject). The driver
+// keeps such a later message back, in hand, until the subject's earlier
+// messages are redelivered to it or acknowledged (the durable's ack
+// floor passes them), checking the stream by subject (order.go has the
+// steps); so the restarted member processes e1 e2 e3 and then e4 e5, not
+// e4 e5 e1 e2 e3 (TestOrderAcrossACrash). What stays unordered: two live
+// members pulling from one durable get different messages, possibly of
+// one aggregate, at once; a message kept back because of one in a live
+// member's hand is delivered after AckWait*1.5 + 2*FetchMaxWait without
+// waiting further. When the order of one aggregate's events matters
+// across live members, run one member per durable (or MaxAckPending 1);
+// each event is still processed once either way, by the inbox. The
+// check costs nothing while one member receives every sequence above the
+// ack floor; otherwise one consumer info per Fetch and a stream message
+// get per earlier message of the subject above the floor.
 package natsjs

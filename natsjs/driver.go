@@ -257,6 +257,8 @@ type session struct {
 	js  jetstream.JetStream
 
 	consumers []jetstream.Consumer // per topic, bound lazily in Fetch
+	streams   []jetstream.Stream   // per topic, for the order checks
+	order     []*seqOrder          // per topic: see seqOrder
 	next      int                  // round robin over topics
 
 	held  map[string]*hold
@@ -288,6 +290,8 @@ func (d *driver) Open(context.Context) (consume.Session, error) {
 	s := &session{
 		cfg: &d.cfg, log: d.log, nc: nc, js: js,
 		consumers: make([]jetstream.Consumer, len(d.cfg.Topics)),
+		streams:   make([]jetstream.Stream, len(d.cfg.Topics)),
+		order:     make([]*seqOrder, len(d.cfg.Topics)),
 		held:      map[string]*hold{}, inflight: map[*consume.Message]jetstream.Msg{}, stop: make(chan struct{}),
 	}
 	s.beat.Add(1)
@@ -333,13 +337,24 @@ func (s *session) bind(ctx context.Context, i int) (jetstream.Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: durable %s on stream %s: %w", s.cfg.Group, StreamName(topic), err)
 	}
-	s.consumers[i] = c
+	st, err := s.js.Stream(ctx, StreamName(topic))
+	if err != nil {
+		return nil, fmt.Errorf("natsjs: stream %s: %w", StreamName(topic), err)
+	}
+	// The ack floor as this session begins: what is above it and not
+	// delivered to this session may be in another member's hand, or in
+	// a dead one's until AckWait.
+	floor := c.CachedInfo().AckFloor.Stream
+	s.consumers[i], s.streams[i] = c, st
+	s.order[i] = &seqOrder{floor: floor, contig: floor, got: map[uint64]bool{}, waiting: map[string][]*waitingMsg{}}
 	return c, nil
 }
 
 // Fetch hands over the messages of released holds first; otherwise it
 // pulls up to MaxPollRecords from the next topic's durable consumer,
-// waiting FetchMaxWait at most. Messages of held subjects are kept back.
+// waiting FetchMaxWait at most. Messages of held subjects are kept back,
+// and so are those whose subject has earlier messages pending with
+// another member, a dead one's until AckWait (see seqOrder).
 func (s *session) Fetch(ctx context.Context) (consume.Fetch, error) {
 	if len(s.ready) > 0 {
 		n := min(len(s.ready), s.cfg.MaxPollRecords)
@@ -366,6 +381,7 @@ func (s *session) Fetch(ctx context.Context) (consume.Fetch, error) {
 	if err != nil {
 		return f, err
 	}
+	o := s.order[i]
 	for jm := range batch.Messages() {
 		m, err := s.message(s.cfg.Topics[i], jm)
 		if err != nil {
@@ -376,12 +392,21 @@ func (s *session) Fetch(ctx context.Context) (consume.Fetch, error) {
 		s.mu.Lock()
 		s.inflight[m] = jm
 		s.mu.Unlock()
+		o.received(uint64(m.Offset))
 		if h := s.held[m.Stream]; h != nil {
 			s.keep(h, m)
 			continue
 		}
+		if o.behind(m) {
+			continue // kept back until its subject's earlier messages come
+		}
+		if !s.inOrder(ctx, i, m) {
+			o.wait(m)
+			continue
+		}
 		f.Messages = append(f.Messages, m)
 	}
+	f.Messages = append(f.Messages, s.release(ctx, i)...)
 	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) &&
 		!errors.Is(err, nats.ErrTimeout) && len(f.Messages) == 0 {
 		return f, err

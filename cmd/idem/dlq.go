@@ -161,6 +161,9 @@ func runDLQShow(ctx context.Context, args []string) error {
 	for _, h := range r.Headers {
 		fmt.Fprintf(tw, "header\t%s: %s\n", h.Key, oneLineText(string(h.Value), 200))
 	}
+	if r.Truncated {
+		printTruncated(tw, r)
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -212,6 +215,7 @@ func runDLQRedrive(ctx context.Context, args []string) error {
 			for _, m := range rep.AlreadyRedriven {
 				fmt.Printf("skipped %s: already on %s\n", m.ID, m.To)
 			}
+			printRefused(rep.Refused)
 			fmt.Printf("%d %s, %d already redriven, %d filtered out\n", len(rep.Moved), verb, len(rep.AlreadyRedriven), rep.Filtered)
 		}
 	}

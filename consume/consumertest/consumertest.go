@@ -13,11 +13,18 @@
 //     it, and the next consumer starts after it;
 //   - PoisonInOrder: messages the handler fails on are dead-lettered in
 //     stream order and the stream carries on, in order;
+//   - DefiniteRefusal: a message whose event id PostgreSQL cannot store
+//     (invalid UTF-8, over the index limit) or whose transaction it
+//     refuses with a data exception is dead-lettered at once, like a
+//     Permanent handler error, and the stream carries on, in order;
 //   - StuckDeadLetter: a message that can be neither processed nor
 //     dead-lettered (the dead-letter destination is missing, or the copy
 //     is too large) is reported (consume.KindStuck), holds only its own
 //     stream, is not acknowledged, lets a second member join and Stop
 //     complete, and is dead-lettered once the operator fixes the cause.
+//     With Harness.ReferenceCopy, the too-large case checks instead that
+//     a reference copy (no value, dlq-truncated) is dead-lettered and the
+//     stream moves on.
 //
 // KillAfterDBCommit runs the test binary again as the consumer process:
 // Run must be called from a top-level test (TestXxx(t) { consumertest.Run(t,
@@ -52,6 +59,12 @@ type Harness struct {
 	// accepts but whose dead-letter copy (the same value plus the
 	// dead-letter headers) it refuses as too large. Required.
 	NearLimitValue int
+	// ReferenceCopy says the driver dead-letters a reference copy (no
+	// value, dlq-truncated "true", dlq-source) when the full copy is too
+	// large: then StuckDeadLetter's too-large case checks that the
+	// message is dead-lettered that way and its stream moves on, instead
+	// of that it holds its stream. Defaults to false.
+	ReferenceCopy bool
 }
 
 // Broker is one test's broker as the driver sees it.
@@ -118,6 +131,12 @@ func Run(t *testing.T, h Harness) {
 		t.Parallel()
 		for _, batch := range []bool{false, true} {
 			t.Run("batch="+strconv.FormatBool(batch), func(t *testing.T) { t.Parallel(); testPoisonInOrder(t, h, batch) })
+		}
+	})
+	t.Run("DefiniteRefusal", func(t *testing.T) {
+		t.Parallel()
+		for _, batch := range []bool{false, true} {
+			t.Run("batch="+strconv.FormatBool(batch), func(t *testing.T) { t.Parallel(); testDefiniteRefusal(t, h, batch) })
 		}
 	})
 	t.Run("StuckDeadLetter", func(t *testing.T) {

@@ -24,6 +24,10 @@ import (
 //   - missing-topic: once the operator creates the topic, a background
 //     retry dead-letters it and partition 0 carries on, in order.
 func testStuckDeadLetter(t *testing.T, h Harness, which string) {
+	if which == "too-large" && h.ReferenceCopy {
+		testReferenceCopy(t, h)
+		return
+	}
 	w := newWorld(t, h, 2)
 	dlq := w.dlq
 	poison := []byte("poison")
@@ -144,5 +148,36 @@ func testStuckDeadLetter(t *testing.T, h Harness, which string) {
 		if stuckEnd == 0 {
 			t.Error("no member reported the stuck message abandoned at revoke or stop")
 		}
+	}
+}
+
+// testReferenceCopy is StuckDeadLetter's too-large case for a driver with
+// Harness.ReferenceCopy: the poison's full copy does not fit, so a
+// reference copy (no value, dlq-truncated, dlq-source) is dead-lettered,
+// nothing is reported stuck, and the message behind it is handled.
+func testReferenceCopy(t *testing.T, h Harness) {
+	w := newWorld(t, h, 1)
+	poison := append([]byte("poison"), make([]byte, h.NearLimitValue-len("poison"))...)
+	hnd := func(ctx context.Context, tx pgx.Tx, m *consume.Message) error {
+		if strings.HasPrefix(string(m.Value), "poison") {
+			return consume.Permanent(errors.New("poison: " + strings.Repeat("x", 4000)))
+		}
+		return effectHandler(ctx, tx, m)
+	}
+	var ev events
+	c := w.consumer(t, hnd, func(cfg *consume.Config) { cfg.Hook, cfg.DeadLetterAttempts = ev.hook, 2 })
+	start(t, c)
+	w.broker.Produce(t, w.topic,
+		Msg{Partition: 0, EventID: "ev-0", Value: []byte("0")},
+		Msg{Partition: 0, EventID: "poison", Value: poison},
+		Msg{Partition: 0, EventID: "ev-2", Value: []byte("2")})
+	dl := w.broker.Read(t, w.dlq, 1, 60*time.Second)
+	if dl[0].EventID != "poison" || len(dl[0].Value) != 0 || dl[0].Headers["dlq-truncated"] != "true" || dl[0].Headers["dlq-source"] == "" {
+		t.Fatalf("dead letter: event id %q, value %d bytes, headers %.300v; want a reference copy of poison", dl[0].EventID, len(dl[0].Value), dl[0].Headers)
+	}
+	w.waitEffects(t, 2, 60*time.Second)
+	waitFor(t, 60*time.Second, "3 messages acked", func() bool { return w.broker.Acked(t, w.group, w.topic) == 3 })
+	if n := ev.count(consume.KindStuck, ""); n != 0 {
+		t.Errorf("%d stuck events, want 0", n)
 	}
 }
