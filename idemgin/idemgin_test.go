@@ -43,7 +43,8 @@ type app struct {
 	recoveryInside bool
 }
 
-func setup(t *testing.T, mode idempotency.Mode, recoveryInside bool, cfg *idempotency.Config) *app {
+// setup builds the app; wrap, when given, decorates the PostgreSQL store.
+func setup(t *testing.T, mode idempotency.Mode, recoveryInside bool, cfg *idempotency.Config, wrap ...func(*idempotency.PostgresStore) idempotency.Store) *app {
 	t.Helper()
 	db := testdb.New(t, testdb.MaxConns(16))
 	if _, err := db.Pool.Exec(t.Context(), `CREATE TABLE effect (id bigserial PRIMARY KEY, principal text NOT NULL, body text NOT NULL)`); err != nil {
@@ -53,18 +54,22 @@ func setup(t *testing.T, mode idempotency.Mode, recoveryInside bool, cfg *idempo
 		cfg = &idempotency.Config{}
 	}
 	cfg.Scope, cfg.Mode = principal, mode
-	mw, err := idempotency.New(idempotency.NewPostgresStore(db.Pool), cfg)
+	var store idempotency.Store = idempotency.NewPostgresStore(db.Pool)
+	if len(wrap) > 0 {
+		store = wrap[0](idempotency.NewPostgresStore(db.Pool))
+	}
+	mw, err := idempotency.New(store, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := &app{pool: db.Pool, recoveryInside: recoveryInside}
 	e := gin.New()
 	if !recoveryInside {
-		e.Use(gin.Recovery())
+		e.Use(gin.RecoveryWithWriter(io.Discard))
 	}
 	e.Use(idemgin.New(mw))
 	if recoveryInside {
-		e.Use(gin.Recovery())
+		e.Use(gin.RecoveryWithWriter(io.Discard))
 	}
 	e.Use(func(c *gin.Context) {
 		// The conformance suite's gate, as gin middleware.
