@@ -10,9 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemecho"
@@ -36,9 +36,9 @@ func principal(r *http.Request) (string, error) {
 // X-Fault answers 500 before the write; X-Panic panics after it and
 // X-Fail-After-Write answers 503 after it.
 type app struct {
-	pool   *pgxpool.Pool
-	srv    *httptest.Server
-	gate   idemtest.Gate
+	pool *pgxpool.Pool
+	srv  *httptest.Server
+	gate idemtest.Gate
 	// recoveryInside puts echo's Recover after idemecho instead of before.
 	recoveryInside bool
 }
@@ -66,13 +66,13 @@ func setup(t *testing.T, mode idempotency.Mode, recoveryInside bool, cfg *idempo
 	e := echo.New()
 	e.HideBanner = true
 	e.Logger.SetOutput(io.Discard)
-	recover := middleware.RecoverWithConfig(middleware.RecoverConfig{DisablePrintStack: true})
+	recovery := middleware.RecoverWithConfig(middleware.RecoverConfig{DisablePrintStack: true})
 	if !recoveryInside {
-		e.Use(recover)
+		e.Use(recovery)
 	}
 	e.Use(idemecho.New(mw))
 	if recoveryInside {
-		e.Use(recover)
+		e.Use(recovery)
 	}
 	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
 		// The conformance suite's gate, as echo middleware.
