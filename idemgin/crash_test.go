@@ -32,8 +32,8 @@ const crashLease = 2 * time.Second
 //
 //   - two-step: the claim outlives the process; retries get 409 in
 //     progress until its lease runs out, then one retry takes the key over
-//     (one takeover event) and runs the handler again; every later retry
-//     replays that answer;
+//     (exactly one takeover event) and runs the handler again (two
+//     effects); every later retry replays that answer;
 //   - transactional: the write died with the process's transaction; the
 //     retry runs at once and the effect exists once.
 func TestCrashTakeover(t *testing.T) {
@@ -59,7 +59,6 @@ func TestCrashTakeover(t *testing.T) {
 			<-first.exited
 			second := startChild(t, db.URL, tt.mode, "")
 			var got reply
-			sawInProgress := false
 			deadline := time.Now().Add(30 * time.Second)
 			for {
 				r, err := crashPost(t.Context(), second.addr)
@@ -70,7 +69,6 @@ func TestCrashTakeover(t *testing.T) {
 					got = r
 					break
 				}
-				sawInProgress = true
 				if time.Now().After(deadline) {
 					t.Fatal("the key stayed in progress for 30s")
 				}
@@ -79,9 +77,10 @@ func TestCrashTakeover(t *testing.T) {
 			if got.status != http.StatusCreated || got.replayed {
 				t.Fatalf("retry after the restart: %+v, want a fresh 201", got)
 			}
-			if tt.mode == idempotency.ModeTwoStep && !sawInProgress {
-				t.Fatal("two-step: the retry did not see the dead claim in progress first")
-			}
+			// Whether a retry met the dead claim in progress depends on how
+			// long the restart took against the lease (a loaded machine
+			// restarts in more than crashLease): the takeover event below
+			// is what proves the claim outlived the process.
 			var n int
 			if err := db.Pool.QueryRow(t.Context(), "SELECT count(*) FROM crash_effect").Scan(&n); err != nil {
 				t.Fatal(err)
