@@ -8,6 +8,7 @@
 //	release check             the scheme holds (no replace, one version, go.work and MODULES list every module)
 //	release convert DIR...    bring modules to the scheme (drop the in-repo replaces, pin the in-repo requires)
 //	release proxy DIR         write a file-system module proxy of the working tree at the development version
+//	release tidy DIR...       go mod tidy there (a module of the scheme cannot be tidied without the proxy)
 //	release tidy-check        go mod tidy -diff in every module, resolving the repository's modules through that proxy
 //	release rehearse          go install the programs and build a fresh consumer of every library, through the proxy
 //
@@ -87,6 +88,8 @@ func main() {
 		}
 	case "tidy-check":
 		err = r.tidyCheck()
+	case "tidy":
+		err = r.tidy(args)
 	case "rehearse":
 		err = r.rehearse()
 	default:
@@ -697,6 +700,24 @@ func (r *repo) tidyCheck() error {
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("not tidy (run go mod tidy there, then release convert):\n%s", strings.Join(bad, "\n"))
+	}
+	return nil
+}
+
+// tidy runs go mod tidy in the named module directories against the
+// rehearsal proxy, then drops the repository's own go.sum lines.
+func (r *repo) tidy(dirs []string) error {
+	e, _, err := r.prepare()
+	if err != nil {
+		return err
+	}
+	for _, d := range dirs {
+		if _, err := e.run(filepath.Join(r.root, d), "mod", "tidy"); err != nil {
+			return err
+		}
+		if err := dropRepoSums(filepath.Join(r.root, d, "go.sum")); err != nil {
+			return err
+		}
 	}
 	return nil
 }
