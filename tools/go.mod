@@ -7,7 +7,10 @@ tool (
 	honnef.co/go/tools/cmd/staticcheck
 )
 
-require golang.org/x/mod v0.41.0
+require (
+	go.uber.org/goleak v1.3.0
+	golang.org/x/mod v0.41.0
+)
 
 require (
 	cel.dev/expr v0.25.1 // indirect

@@ -199,7 +199,7 @@ func (r *repo) version() (string, error) {
 	seen := map[string]string{}
 	for _, m := range r.published() {
 		for _, req := range m.File.Require {
-			if r.byPath(req.Mod.Path) != nil {
+			if r.byPath(req.Mod.Path) != nil && req.Mod.Version != "v0.0.0" { // the replace scheme's placeholder: convert's to fix
 				seen[req.Mod.Version] = m.Dir + " requires " + req.Mod.Path + " " + req.Mod.Version
 			}
 		}
@@ -397,9 +397,6 @@ func (r *repo) convert(dirs []string) error {
 	v, err := r.version()
 	if err != nil {
 		return err
-	}
-	if v == "v0.0.0" { // the placeholder of the replace scheme
-		v = DevVersionDefault
 	}
 	targets := r.published()
 	if len(dirs) > 0 {
