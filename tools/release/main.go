@@ -780,13 +780,26 @@ func (r *repo) rehearse() error {
 			libModules = append(libModules, m)
 		}
 	}
+	// One go install per module: its programs build together, sharing
+	// their dependencies' compilation.
+	byModule := map[string][]string{}
+	var order []string
 	for _, p := range programs {
-		fmt.Printf("go install %s@%s\n", p, v)
-		cmd := exec.Command("go", "install", p+"@"+v)
+		m := r.moduleOf(p)
+		if _, ok := byModule[m]; !ok {
+			order = append(order, m)
+		}
+		byModule[m] = append(byModule[m], p+"@"+v)
+	}
+	for _, m := range order {
+		fmt.Printf("go install %s\n", strings.Join(byModule[m], " "))
+		cmd := exec.Command("go", append([]string{"install"}, byModule[m]...)...)
 		cmd.Dir, cmd.Env = work, append(e.vars(), "GOBIN="+bin)
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go install %s@%s: %w\n%s", p, v, err, out)
+			return fmt.Errorf("go install %s: %w\n%s", strings.Join(byModule[m], " "), err, out)
 		}
+	}
+	for _, p := range programs {
 		if !strings.HasPrefix(p, RepoModule+"/cmd/") {
 			continue
 		}
@@ -798,6 +811,7 @@ func (r *repo) rehearse() error {
 		if !strings.Contains(strings.ToLower(string(out)), "usage") {
 			return fmt.Errorf("%s --help printed no usage:\n%s", exe, out)
 		}
+		fmt.Printf("%s --help: exit 0\n", path.Base(p))
 	}
 
 	consumer := filepath.Join(work, "consumer")
@@ -842,6 +856,17 @@ func (r *repo) rehearse() error {
 	fmt.Printf("release rehearse: %d programs installed, a consumer of %d packages of %d modules built at %s (%s)\n",
 		len(programs), len(libraries), len(libModules), v, time.Since(start).Round(time.Second))
 	return nil
+}
+
+// moduleOf is the path of the innermost published module holding an import path.
+func (r *repo) moduleOf(importPath string) string {
+	best := ""
+	for _, m := range r.published() {
+		if (importPath == m.Path || strings.HasPrefix(importPath, m.Path+"/")) && len(m.Path) > len(best) {
+			best = m.Path
+		}
+	}
+	return best
 }
 
 type pkg struct {
