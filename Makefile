@@ -10,28 +10,30 @@ PKGS := ./...
 # only, so ALL_PKGS names every module's tree, and one go invocation
 # schedules all their packages together. tools/ is the tool module (sqlc,
 # staticcheck), built once into .bin/ outside the workspace.
-MODULES := . examples/billing cmd kafkago natsjs otel prom redisstore idemgin idemecho
+MODULES := . examples/billing examples/quickstart cmd kafkago natsjs otel prom redisstore idemgin idemecho
 ALL_PKGS := ./... $(foreach m,$(filter-out .,$(MODULES)),./$(m)/...)
 BIN := $(CURDIR)/.bin
 
-.PHONY: help test fmt-check tidy-check vet staticcheck sqlc-check gotest generate bench tools mutants
+.PHONY: help test fmt-check tidy-check release-check vet staticcheck sqlc-check gotest generate bench tools mutants
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-test: fmt-check tidy-check vet staticcheck sqlc-check gotest ## everything CI checks
+test: fmt-check tidy-check release-check vet staticcheck sqlc-check gotest ## everything CI checks
 
 fmt-check: ## fail if gofmt would change a file
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-tidy-check: ## fail if any module's go.mod or go.sum is not tidy
-	@for m in $$(find . -name go.mod -not -path './.git/*' | sort); do \
-		d=$$(dirname $$m); echo "go mod tidy -diff ($$d)"; (cd $$d && $(GO) mod tidy -diff) || { echo "$$d: run go mod tidy"; exit 1; }; \
-	done
+tidy-check: tools ## fail if any module's go.mod or go.sum is not tidy (the repository's modules come from the rehearsal proxy)
+	$(BIN)/release -root . tidy-check
+
+release-check: tools ## the release rehearsal (docs/releasing.md): no replace, go install of the programs, a fresh consumer of every library
+	cd tools && GOWORK=off $(GO) test -count=1 ./release/
+	$(BIN)/release -root . rehearse
 
 tools: ## build sqlc and staticcheck, pinned in tools/go.mod, into .bin/
-	@cd tools && GOWORK=off $(GO) build -o $(BIN)/ github.com/sqlc-dev/sqlc/cmd/sqlc honnef.co/go/tools/cmd/staticcheck
+	@cd tools && GOWORK=off $(GO) build -o $(BIN)/ github.com/sqlc-dev/sqlc/cmd/sqlc honnef.co/go/tools/cmd/staticcheck ./release
 
 vet: ## go vet, every module
 	$(GO) vet $(ALL_PKGS)

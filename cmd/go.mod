@@ -4,12 +4,12 @@ go 1.26.0
 
 require (
 	github.com/chromedp/chromedp v0.23.0
-	github.com/idemkit/idem v0.0.0
-	github.com/idemkit/idem/examples/billing v0.0.0
-	github.com/idemkit/idem/kafkago v0.0.0
-	github.com/idemkit/idem/natsjs v0.0.0
-	github.com/idemkit/idem/otel v0.0.0
-	github.com/idemkit/idem/redisstore v0.0.0
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/examples/billing v0.1.0
+	github.com/idemkit/idem/kafkago v0.1.0
+	github.com/idemkit/idem/natsjs v0.1.0
+	github.com/idemkit/idem/otel v0.1.0
+	github.com/idemkit/idem/redisstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -38,7 +38,7 @@ require (
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.31.0 // indirect
-	github.com/idemkit/idem/prom v0.0.0 // indirect
+	github.com/idemkit/idem/prom v0.1.0 // indirect
 	github.com/jackc/pgio v1.0.0 // indirect
 	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
@@ -80,15 +80,3 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
 	google.golang.org/grpc v1.84.0 // indirect
 )
-
-replace (
-	github.com/idemkit/idem => ../
-	github.com/idemkit/idem/examples/billing => ../examples/billing
-	github.com/idemkit/idem/otel => ../otel
-	github.com/idemkit/idem/prom => ../prom
-	github.com/idemkit/idem/redisstore => ../redisstore
-)
-
-replace github.com/idemkit/idem/kafkago => ../kafkago
-
-replace github.com/idemkit/idem/natsjs => ../natsjs

@@ -3,7 +3,7 @@ module github.com/idemkit/idem/kafkago
 go 1.26.0
 
 require (
-	github.com/idemkit/idem v0.0.0
+	github.com/idemkit/idem v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/segmentio/kafka-go v0.4.51
 	github.com/twmb/franz-go v1.22.3
@@ -23,5 +23,3 @@ require (
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 )
-
-replace github.com/idemkit/idem => ../

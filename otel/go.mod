@@ -3,7 +3,7 @@ module github.com/idemkit/idem/otel
 go 1.26.0
 
 require (
-	github.com/idemkit/idem v0.0.0
+	github.com/idemkit/idem v0.1.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
@@ -33,5 +33,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 )
-
-replace github.com/idemkit/idem => ../

@@ -3,9 +3,9 @@ module github.com/idemkit/idem/examples/billing
 go 1.26.0
 
 require (
-	github.com/idemkit/idem v0.0.0
-	github.com/idemkit/idem/otel v0.0.0
-	github.com/idemkit/idem/prom v0.0.0
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/otel v0.1.0
+	github.com/idemkit/idem/prom v0.1.0
 	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
@@ -35,8 +35,8 @@ require (
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/idemkit/idem/kafkago v0.0.0
-	github.com/idemkit/idem/natsjs v0.0.0
+	github.com/idemkit/idem/kafkago v0.1.0
+	github.com/idemkit/idem/natsjs v0.1.0
 	github.com/jackc/pgio v1.0.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
@@ -54,13 +54,3 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/idemkit/idem => ../..
-
-replace github.com/idemkit/idem/otel => ../../otel
-
-replace github.com/idemkit/idem/prom => ../../prom
-
-replace github.com/idemkit/idem/kafkago => ../../kafkago
-
-replace github.com/idemkit/idem/natsjs => ../../natsjs
