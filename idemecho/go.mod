@@ -3,7 +3,7 @@ module github.com/idemkit/idem/idemecho
 go 1.26.0
 
 require (
-	github.com/idemkit/idem v0.0.0
+	github.com/idemkit/idem v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.5
 	go.uber.org/goleak v1.3.0
@@ -18,6 +18,7 @@ require (
 	github.com/mattn/go-isatty v0.0.22 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
 	github.com/valyala/fasttemplate v1.2.2 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
@@ -25,5 +26,3 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
 )
-
-replace github.com/idemkit/idem => ../
