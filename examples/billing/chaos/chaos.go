@@ -370,7 +370,33 @@ func (r *run) execute(ctx context.Context) error {
 	}
 	r.scr.scrape(ctx, r.paysim, "/metrics")
 	r.fillReport()
+	r.checkHistory(ctx)
 	return r.audit(ctx, statuses)
+}
+
+// checkHistory runs the model-based audit over the driver's history; a
+// key whose history is not linearizable is a violation, and porcupine's
+// visualization of the smallest one goes to the work directory.
+func (r *run) checkHistory(ctx context.Context) {
+	lin := checkLinearizable(ctx, r.drv.hist.snapshot())
+	r.rep.Linearizability = &lin
+	r.rep.Linearizable = lin.Verdict
+	if lin.Verdict == "yes" {
+		return
+	}
+	if lin.Verdict == "unknown" {
+		r.violation(Violation{Kind: "not-linearizable", Subject: "history", Detail: "the linearizability check did not finish on every key"})
+		return
+	}
+	if len(lin.HTML) > 0 {
+		path := filepath.Join(r.cfg.WorkDir, "linearizability.html")
+		if err := os.WriteFile(path, lin.HTML, 0o644); err == nil {
+			r.rep.Linearizability.HTMLPath = path
+		}
+	}
+	r.violation(Violation{Kind: "not-linearizable", Subject: "key " + lin.FailingKey,
+		Detail: fmt.Sprintf("%d of %d keys have no linearization in the Idempotency-Key model; the smallest: %s",
+			lin.FailingKeys, lin.Keys, strings.Join(describeHistory(lin.Failing), "; "))})
 }
 
 func (r *run) scrapeLoop(ctx context.Context) {

@@ -82,6 +82,9 @@ type driver struct {
 	reuseRejected atomic.Int64 // ... and refused with IDEMPOTENCY_KEY_REUSED
 	transportErr  atomic.Int64
 	status5xx     atomic.Int64
+
+	// hist is every attempt, for the model-based audit (history.go).
+	hist *history
 }
 
 func newDriver(cfg *Config, runID string, instances []*proc, report func(Violation)) *driver {
@@ -93,6 +96,7 @@ func newDriver(cfg *Config, runID string, instances []*proc, report func(Violati
 		instances: instances,
 		report:    report,
 		keys:      map[string]*keyRecord{},
+		hist:      newHistory(),
 	}
 }
 
@@ -270,7 +274,9 @@ func (d *driver) probeReuse(ctx context.Context, rng *rand.Rand, path string, bo
 		}
 		last = inst
 		d.requests.Add(1)
-		st, _, resp, err := d.do(ctx, d.instances[inst].addr, path, body, key)
+		done := d.hist.call(key, key, path, body)
+		st, hdr, resp, err := d.do(ctx, d.instances[inst].addr, path, body, key)
+		done(st, hdr, resp, err)
 		switch {
 		case err != nil && ctx.Err() != nil:
 			d.report(Violation{Kind: "no-final-answer", Subject: path, Detail: fmt.Sprintf("key %s reused: %v", key, err)})
@@ -310,10 +316,10 @@ func (d *driver) post(ctx context.Context, t task, path string, body []byte, key
 		go func() {
 			defer dup.Done()
 			rng := rand.New(rand.NewPCG(seed, 1))
-			_, _, _ = d.attempts(ctx, rng, path, body, dupKey, want, false)
+			_, _, _ = d.attempts(ctx, rng, path, body, key, dupKey, want, false)
 		}()
 	}
-	st, resp, err := d.attempts(ctx, t.rng, path, body, key, want, forceDrop)
+	st, resp, err := d.attempts(ctx, t.rng, path, body, key, key, want, forceDrop)
 	dup.Wait()
 	if err == nil {
 		d.ops.Add(1)
@@ -333,7 +339,10 @@ func (d *driver) post(ctx context.Context, t task, path string, body []byte, key
 // Retry-After). Any other answer is final; with probability ClientDropRate
 // a final answer is thrown away as if lost on the way back, and the POST is
 // retried: the server must replay it.
-func (d *driver) attempts(ctx context.Context, rng *rand.Rand, path string, body []byte, key string, want int, forceDrop bool) (int, []byte, error) {
+//
+// op is the logical key, recorded in the history with each attempt: key
+// itself, unless the driver is unsafe=key and sends another.
+func (d *driver) attempts(ctx context.Context, rng *rand.Rand, path string, body []byte, op, key string, want int, forceDrop bool) (int, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.OpTimeout)
 	defer cancel()
 	drops := 0
@@ -355,7 +364,9 @@ func (d *driver) attempts(ctx context.Context, rng *rand.Rand, path string, body
 		}
 		last = inst
 		d.requests.Add(1)
+		done := d.hist.call(op, key, path, body)
 		st, hdr, resp, err := d.do(ctx, d.instances[inst].addr, path, body, key)
+		done(st, hdr, resp, err)
 		switch {
 		case err != nil:
 			d.transportErr.Add(1)
