@@ -56,6 +56,13 @@ type HistoryOp struct {
 	Answer   string `json:"answer,omitempty"` // sha256 of the answer body
 	Replayed bool   `json:"replayed,omitempty"`
 	Code     string `json:"code,omitempty"` // problem+json code
+	// Attempt is the attempt's number within its POST (0: the first);
+	// Dup marks the concurrent duplicate, Probe a key reused with another
+	// body on purpose. They do not enter the model; the timeline counts
+	// them.
+	Attempt int  `json:"attempt,omitempty"`
+	Dup     bool `json:"dup,omitempty"`
+	Probe   bool `json:"probe,omitempty"`
 }
 
 // outcome classifies the attempt.
@@ -83,6 +90,13 @@ func hash12(b []byte) string {
 	return hex.EncodeToString(s[:6])
 }
 
+// attemptID names one attempt for the history.
+type attemptID struct {
+	op, key    string
+	n          int
+	dup, probe bool
+}
+
 // history is the driver's record of attempts.
 type history struct {
 	t0  time.Time
@@ -94,8 +108,9 @@ func newHistory() *history { return &history{t0: time.Now()} }
 
 // call notes the start of an attempt; the returned function ends it with
 // the answer (err != nil: no answer).
-func (h *history) call(op, key, path string, body []byte) func(st int, hdr http.Header, resp []byte, err error) {
-	rec := HistoryOp{Op: op, Key: key, Path: path, Body: hash12(body), Call: int64(time.Since(h.t0))}
+func (h *history) call(a attemptID, path string, body []byte) func(st int, hdr http.Header, resp []byte, err error) {
+	rec := HistoryOp{Op: a.op, Key: a.key, Path: path, Body: hash12(body), Call: int64(time.Since(h.t0)),
+		Attempt: a.n, Dup: a.dup, Probe: a.probe}
 	return func(st int, hdr http.Header, resp []byte, err error) {
 		if err != nil {
 			rec.Return = -1
