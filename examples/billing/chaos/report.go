@@ -20,6 +20,10 @@ type Violation struct {
 	Kind    string `json:"kind"`
 	Subject string `json:"subject"`
 	Detail  string `json:"detail"`
+	// At is the violation's moment on the timeline, in seconds since the
+	// run's start: when its order, payment or key was first sent, else
+	// when it was found.
+	At float64 `json:"at"`
 }
 
 // Layers counts the duplicates each protection stopped.
@@ -138,6 +142,9 @@ type Report struct {
 	// Linearizability its details.
 	Linearizable    string           `json:"linearizable,omitempty"`
 	Linearizability *Linearizability `json:"linearizability,omitempty"`
+
+	// Timeline is the run second by second, for the HTML report.
+	Timeline *Timeline `json:"timeline,omitempty"`
 
 	Violations []Violation `json:"violations"`
 	Pass       bool        `json:"pass"`
