@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -70,6 +71,13 @@ violation.
 hit three times each, 30 kills; see docs/proof.md for its wall time) sets
 the sizes; flags given override it.
 
+--report FILE.html also writes the report as one self-contained page: the
+verdict and every violation linked to its moment on a timeline of the run
+(POSTs, latency, failed answers, outbox backlog, consumer lag, charges, a mark
+at every fault), the linearizability verdict of the model-based audit (with
+porcupine's view of the smallest failing key history beside it) and the
+configuration that repeats the run.
+
 --unsafe=LAYER switches one protection off to prove the audit can fail:
 key (the driver sends a fresh key on every retry), inbox, fingerprint,
 lease or publish (the relay loses an event; passed to billing as
@@ -87,6 +95,7 @@ type harnessFlags struct {
 	idemBin string
 	keep    bool
 	profile string
+	report  string
 }
 
 // addHarnessFlags defines the harness's flags on fs with def's values as
@@ -143,6 +152,7 @@ func addHarnessFlags(fs *flag.FlagSet, def chaos.Config) *harnessFlags {
 	fs.DurationVar(&h.cfg.LoadDuration, "duration", ord(def.LoadDuration, chaos.LoadDurationDefault), "spread the start of the orders and payments over this time")
 	fs.DurationVar(&h.cfg.Quiescence, "quiescence", ord(def.Quiescence, chaos.QuiescenceDefault), "how long to wait, after the load, for every order and payment to be final")
 	fs.BoolVar(&h.jsonOut, "json", false, "print the report as one JSON object")
+	fs.StringVar(&h.report, "report", "", "also write the report as one self-contained HTML page to this file (verdict, violations, timeline, configuration)")
 	fs.StringVar(&h.idemBin, "idem-bin", os.Getenv("IDEM_BIN"), "idem binary (default: beside billing, else go build, else PATH)")
 	fs.BoolVar(&h.keep, "keep", false, "keep the work directory (logs, broker data) and the database schema")
 	return h
@@ -301,6 +311,15 @@ func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error
 			rep.WriteText(os.Stdout)
 		}
 	}
+	if rep != nil && h.report != "" {
+		if werr := writeHTMLReport(rep, h.report); werr != nil {
+			logf("report: %v", werr)
+		} else if h.jsonOut {
+			logf("report: %s", h.report)
+		} else {
+			fmt.Printf("report: %s\n", h.report)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("run failed: %v (logs in %s)", err, work)
 	}
@@ -319,3 +338,25 @@ func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error
 // exitInconclusive is billing chaos's exit status for an --unsafe run
 // whose audit found nothing.
 const exitInconclusive = 3
+
+// writeHTMLReport writes rep's HTML page to path and, when the
+// linearizability check failed, porcupine's visualization of the smallest
+// failing key history beside it, linked from the page.
+func writeHTMLReport(rep *chaos.Report, path string) error {
+	lin := ""
+	if l := rep.Linearizability; l != nil && len(l.HTML) > 0 {
+		lin = chaos.LinearizabilityFile(path)
+		if err := os.WriteFile(filepath.Join(filepath.Dir(path), lin), l.HTML, 0o644); err != nil {
+			return err
+		}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := rep.WriteHTML(f, lin); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -65,9 +65,9 @@ const (
 
 // run is the state of one chaos run.
 type run struct {
-	cfg    Config
-	rep    *Report
-	tl     *timeline
+	cfg Config
+	rep *Report
+	tl  *timeline
 	// failAt is the first call of the smallest failing key history, on
 	// the driver's clock.
 	failAt time.Duration
@@ -141,6 +141,7 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 		Seed: c.Seed, Unsafe: c.Unsafe, Orders: c.Orders, Payments: c.Payments,
 		Instances: c.Instances, DropRate: c.DropRate, FailRate: c.FailRate,
 		ProduceFailRate: c.ProduceFailRate, DeclineRate: c.DeclineRate, Broker: c.brokerName(),
+		Config: runConfig(&c),
 	}}
 	tempWork := c.WorkDir == ""
 	if tempWork {

@@ -143,6 +143,8 @@ type Report struct {
 	Linearizable    string           `json:"linearizable,omitempty"`
 	Linearizability *Linearizability `json:"linearizability,omitempty"`
 
+	// Config is what the run was given, with the command that repeats it.
+	Config RunConfig `json:"config"`
 	// Timeline is the run second by second, for the HTML report.
 	Timeline *Timeline `json:"timeline,omitempty"`
 
