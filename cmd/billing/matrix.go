@@ -103,6 +103,13 @@ func runMatrix(ctx context.Context, h *harnessFlags, pgtempFallback bool) error 
 		if row.client != "" {
 			rh.cfg.Env = append(rh.cfg.Env, "KAFKA_CLIENT="+row.client)
 		}
+		if row.outbox == chaos.OutboxWAL && rh.cfg.PGRestarts == 0 {
+			// Creating a replication slot waits for every transaction
+			// running on the server: on a shared server that can take the
+			// whole run. Billing gets a throwaway cluster of its own (with
+			// wal_level=logical), crashed once.
+			rh.cfg.PGRestarts = 1
+		}
 		if row.broker == chaos.BrokerNATS {
 			// The faults below the broker are Kafka's.
 			rh.cfg.NetCuts, rh.cfg.ProduceFailRate = 0, 0

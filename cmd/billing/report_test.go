@@ -124,7 +124,7 @@ func TestDemoReportInBrowser(t *testing.T) {
 	if cmd := evalT[string](t, ctx, `document.getElementById("command").textContent`); !strings.Contains(cmd, "--seed 5 ") || !strings.Contains(cmd, "--kills 2 ") {
 		t.Errorf("the repeat command %q lacks the seed or the kills", cmd)
 	}
-	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(90))
+	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatal(err)
 	}
