@@ -3,6 +3,7 @@ module github.com/idemkit/idem/examples/billing
 go 1.26.0
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/idemkit/idem v0.0.0
 	github.com/idemkit/idem/otel v0.0.0
 	github.com/idemkit/idem/prom v0.0.0
@@ -21,7 +22,6 @@ require (
 )
 
 require (
-	github.com/anishathalye/porcupine v1.3.1 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
