@@ -27,7 +27,8 @@ import (
 // sent with another body, IDEMPOTENCY_KEY_REUSED; a key released by a 5xx,
 // a 408 or a 429 may execute again; an attempt that got no answer (a
 // killed instance, a cut connection, a timeout) may have executed at any
-// moment after it was sent, or not at all. The history is partitioned by
+// moment after it was sent, or not at all, and so may one answered 5xx (a
+// COMMIT whose acknowledgement a crash or a cut lost). The history is partitioned by
 // the logical key: the key the driver means for the operation, which is the
 // key it sends unless --unsafe=key mints a fresh one per retry (the bug that
 // the model then sees as a second execution of one operation).
@@ -158,12 +159,20 @@ func step(s keyState, op HistoryOp) []keyState {
 		return []keyState{held, {claimed: true, body: op.Body, done: true}}
 	case outReleased:
 		// It claimed the key and released it, or met it done (a store
-		// failure answers 503 without replaying): no change either way.
-		s.claimed = true
-		if s.body == "" {
-			s.body = op.Body
+		// failure answers 503 without replaying). Or it executed: a COMMIT
+		// whose acknowledgement was lost (a crash, a cut) is a failure to
+		// the server, which answers 5xx, but the work and its answer are
+		// stored, and the retry gets them replayed. A 5xx is as ambiguous
+		// as no answer.
+		if s.done {
+			return []keyState{s}
 		}
-		return []keyState{s}
+		held := s
+		held.claimed = true
+		if held.body == "" {
+			held.body = op.Body
+		}
+		return []keyState{held, {claimed: true, body: op.Body, done: true}}
 	case outInProgress:
 		if !s.claimed {
 			return nil

@@ -98,6 +98,15 @@ func TestLinearizabilityModel(t *testing.T) {
 			hop("k", "b3", 40, 50, 422, "p", false, reused),
 			hop("k", "b1", 60, 70, 201, "a1", true, ""),
 		}, "yes"},
+		{"a 503 whose commit went through: its answer replayed", []HistoryOp{
+			hop("k", "b1", 0, 10, 503, "e", false, ""),
+			hop("k", "b1", 20, 30, 200, "a1", true, ""),
+		}, "yes"},
+		{"a 503 whose commit went through, then executed again", []HistoryOp{
+			hop("k", "b1", 0, 10, 503, "e", false, ""),
+			hop("k", "b1", 20, 30, 200, "a1", true, ""),
+			hop("k", "b1", 40, 50, 200, "a2", false, ""),
+		}, "no"},
 		{"a store failure meets a done key", []HistoryOp{
 			hop("k", "b1", 0, 10, 201, "a1", false, ""),
 			hop("k", "b1", 20, 30, 503, "e", false, ""),
