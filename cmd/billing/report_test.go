@@ -206,14 +206,14 @@ func TestChaosUnsafeKeyReportInBrowser(t *testing.T) {
 func TestChaosMatrixSubset(t *testing.T) {
 	t.Parallel()
 	stdout, stderr, code := runBilling(t, []string{"DATABASE_URL=" + testdb.URL(), "IDEM_BIN=" + idemBinary(t), "KAFKA_BROKERS="},
-		"chaos", "--matrix", "--matrix-rows", "kafkago/wal/postgres,nats/table/redis,nats/wal/postgres",
+		"chaos", "--matrix", "--matrix-rows", "franz/wal/postgres,kafkago/table/redis,nats/table/postgres,nats/wal/postgres",
 		"--orders", "16", "--payments", "8", "--instances", "2", "--kills", "1", "--terms", "1", "--broker-restarts", "0",
 		"--duration", "5s", "--seed", "9")
 	if code != 0 {
 		t.Fatalf("matrix: exit %d\n%s\n%s", code, stdout, stderr)
 	}
 	t.Log(stdout)
-	for _, row := range []string{"kafkago/wal/postgres", "nats/table/redis"} {
+	for _, row := range []string{"franz/wal/postgres", "kafkago/table/redis", "nats/table/postgres"} {
 		re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(row) + `\s+48\s+1\s+1\s+\d+\s+0\s+yes\s+\d+s\s+PASS$`)
 		if !re.MatchString(stdout) {
 			t.Errorf("no passing row %s (48 POSTs, 1 kill, 1 term, 0 violations, linearizable yes) in\n%s", row, stdout)
