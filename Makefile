@@ -14,7 +14,7 @@ MODULES := . examples/billing examples/quickstart cmd kafkago natsjs otel prom r
 ALL_PKGS := ./... $(foreach m,$(filter-out .,$(MODULES)),./$(m)/...)
 BIN := $(CURDIR)/.bin
 
-.PHONY: help test fmt-check tidy-check release-check vet staticcheck sqlc-check gotest generate bench tools mutants
+.PHONY: help test fmt-check tidy-check release-check vet staticcheck sqlc-check gotest generate bench tools mutants chaos-matrix
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -51,6 +51,9 @@ gotest: ## go test -race with goleak in every package, every module
 
 mutants: ## the proof's mutation test alone (gotest runs it too): every deliberate bug must fail billing chaos
 	$(GO) test -count=1 -v -timeout 15m ./examples/billing/chaos/mutants/
+
+chaos-matrix: ## billing chaos --matrix: the short profile over every broker x outbox x store (gotest runs one row per axis)
+	$(GO) run ./cmd/billing chaos --matrix
 
 generate: tools ## regenerate sqlc code
 	@for f in $(SQLC_CONFIGS); do echo "sqlc generate -f $$f"; $(BIN)/sqlc generate -f $$f || exit 1; done

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -70,6 +71,13 @@ violation.
 hit three times each, 30 kills; see docs/proof.md for its wall time) sets
 the sizes; flags given override it.
 
+--report FILE.html also writes the report as one self-contained page: the
+verdict and every violation linked to its moment on a timeline of the run
+(POSTs, latency, failed answers, outbox backlog, consumer lag, charges, a mark
+at every fault), the linearizability verdict of the model-based audit (with
+porcupine's view of the smallest failing key history beside it) and the
+configuration that repeats the run.
+
 --unsafe=LAYER switches one protection off to prove the audit can fail:
 key (the driver sends a fresh key on every retry), inbox, fingerprint,
 lease or publish (the relay loses an event; passed to billing as
@@ -87,6 +95,11 @@ type harnessFlags struct {
 	idemBin string
 	keep    bool
 	profile string
+	report  string
+	// matrix runs every combination of broker, outbox and store
+	// (matrixRows narrows it).
+	matrix     bool
+	matrixRows string
 }
 
 // addHarnessFlags defines the harness's flags on fs with def's values as
@@ -143,6 +156,9 @@ func addHarnessFlags(fs *flag.FlagSet, def chaos.Config) *harnessFlags {
 	fs.DurationVar(&h.cfg.LoadDuration, "duration", ord(def.LoadDuration, chaos.LoadDurationDefault), "spread the start of the orders and payments over this time")
 	fs.DurationVar(&h.cfg.Quiescence, "quiescence", ord(def.Quiescence, chaos.QuiescenceDefault), "how long to wait, after the load, for every order and payment to be final")
 	fs.BoolVar(&h.jsonOut, "json", false, "print the report as one JSON object")
+	fs.BoolVar(&h.matrix, "matrix", false, "run once per combination of broker (kafka franz-go, kafka kafka-go, nats), outbox (table, wal) and idempotency store (postgres, redis) and print one table")
+	fs.StringVar(&h.matrixRows, "matrix-rows", "", "with --matrix: only these comma-separated rows (as the table names them: franz/table/postgres, nats/wal/redis, ...)")
+	fs.StringVar(&h.report, "report", "", "also write the report as one self-contained HTML page to this file (verdict, violations, timeline, configuration)")
 	fs.StringVar(&h.idemBin, "idem-bin", os.Getenv("IDEM_BIN"), "idem binary (default: beside billing, else go build, else PATH)")
 	fs.BoolVar(&h.keep, "keep", false, "keep the work directory (logs, broker data) and the database schema")
 	return h
@@ -187,59 +203,69 @@ func runChaos(ctx context.Context, args []string) error {
 // chaos and prints the report. pgtempFallback allows a throwaway cluster
 // when neither DATABASE_URL nor the local server is there (billing demo).
 func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error {
+	if h.matrix {
+		return runMatrix(ctx, h, pgtempFallback)
+	}
+	_, err := runOne(ctx, h, pgtempFallback)
+	return err
+}
+
+// runOne is one run of the harness; it returns the report (nil when the
+// run did not start) and the error billing chaos exits with.
+func runOne(ctx context.Context, h *harnessFlags, pgtempFallback bool) (*chaos.Report, error) {
 	logf := func(format string, a ...any) {
 		fmt.Fprintf(os.Stderr, "%s %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, a...))
 	}
 	cfg := h.cfg
 	if cfg.Orders < 0 || cfg.Payments < 0 || cfg.Instances < 1 || cfg.Kills < 0 || cfg.Terms < 0 || cfg.BrokerRestarts < 0 || cfg.PGRestarts < 0 || cfg.NetCuts < 0 {
-		return cli.Usagef("--orders, --payments, --kills, --terms, --broker-restarts, --pg-restarts and --net-cuts must not be negative, --instances at least 1")
+		return nil, cli.Usagef("--orders, --payments, --kills, --terms, --broker-restarts, --pg-restarts and --net-cuts must not be negative, --instances at least 1")
 	}
 	if cfg.ProduceFailRate < 0 || cfg.ProduceFailRate >= 1 {
-		return cli.Usagef("--produce-fail-rate must be in [0, 1)")
+		return nil, cli.Usagef("--produce-fail-rate must be in [0, 1)")
 	}
 	if cfg.Quiescence <= 0 || cfg.LoadDuration <= 0 {
-		return cli.Usagef("--quiescence and --duration must be positive")
+		return nil, cli.Usagef("--quiescence and --duration must be positive")
 	}
 	if cfg.Orders+cfg.Payments == 0 {
-		return cli.Usagef("--orders and --payments are both 0: nothing to do")
+		return nil, cli.Usagef("--orders and --payments are both 0: nothing to do")
 	}
 	if cfg.OutboxMode != chaos.OutboxTable && cfg.OutboxMode != chaos.OutboxWAL {
-		return cli.Usagef("--outbox-mode %q: want table or wal", cfg.OutboxMode)
+		return nil, cli.Usagef("--outbox-mode %q: want table or wal", cfg.OutboxMode)
 	}
 	if cfg.DropRate < 0 || cfg.DropRate >= 1 || cfg.FailRate < 0 || cfg.FailRate >= 1 || cfg.DeclineRate < 0 || cfg.DeclineRate >= 1 {
-		return cli.Usagef("--drop-rate, --fail-rate and --decline-rate must be in [0, 1)")
+		return nil, cli.Usagef("--drop-rate, --fail-rate and --decline-rate must be in [0, 1)")
 	}
 	if cfg.FailpointHits < 1 {
-		return cli.Usagef("--failpoint-hits must be at least 1")
+		return nil, cli.Usagef("--failpoint-hits must be at least 1")
 	}
 	switch cfg.Unsafe {
 	case "", chaos.UnsafeKey, chaos.UnsafeInbox, chaos.UnsafeFingerprint, chaos.UnsafeLease, chaos.UnsafePublish:
 	default:
-		return cli.Usagef("--unsafe %q: want key, inbox, fingerprint, lease or publish", cfg.Unsafe)
+		return nil, cli.Usagef("--unsafe %q: want key, inbox, fingerprint, lease or publish", cfg.Unsafe)
 	}
 	if (cfg.Kills > 0 || cfg.Terms > 0) && cfg.Instances < 2 {
-		return cli.Usagef("--kills and --terms need --instances 2 or more (one instance always serves)")
+		return nil, cli.Usagef("--kills and --terms need --instances 2 or more (one instance always serves)")
 	}
 	switch cfg.Broker {
 	case chaos.BrokerKafka:
 		cfg.KafkaBrokers = os.Getenv("KAFKA_BROKERS")
 	case chaos.BrokerNATS:
 		if cfg.NetCuts > 0 || cfg.ProduceFailRate > 0 {
-			return cli.Usagef("--net-cuts and --produce-fail-rate are Kafka's: not with --broker nats")
+			return nil, cli.Usagef("--net-cuts and --produce-fail-rate are Kafka's: not with --broker nats")
 		}
 	default:
-		return cli.Usagef("--broker %q: want kafka or nats", cfg.Broker)
+		return nil, cli.Usagef("--broker %q: want kafka or nats", cfg.Broker)
 	}
 	if cfg.KafkaBrokers != "" && cfg.BrokerRestarts > 0 {
 		if !pgtempFallback {
-			return cli.Usagef("--broker-restarts needs the embedded broker: unset KAFKA_BROKERS or pass --broker-restarts 0")
+			return nil, cli.Usagef("--broker-restarts needs the embedded broker: unset KAFKA_BROKERS or pass --broker-restarts 0")
 		}
 		logf("KAFKA_BROKERS is set: no broker restarts")
 		cfg.BrokerRestarts = 0
 	}
 	if cfg.KafkaBrokers != "" && (cfg.NetCuts > 0 || cfg.ProduceFailRate > 0) {
 		if !pgtempFallback {
-			return cli.Usagef("--net-cuts and --produce-fail-rate need the embedded broker: unset KAFKA_BROKERS")
+			return nil, cli.Usagef("--net-cuts and --produce-fail-rate need the embedded broker: unset KAFKA_BROKERS")
 		}
 		logf("KAFKA_BROKERS is set: no network cuts, no produce failures")
 		cfg.NetCuts, cfg.ProduceFailRate = 0, 0
@@ -247,7 +273,7 @@ func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error
 
 	work, err := os.MkdirTemp("", "billing-chaos-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	passed := false
 	defer func() {
@@ -258,23 +284,23 @@ func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error
 	cfg.WorkDir = work
 
 	if cfg.IdemBin, err = chaos.LocateIdem(ctx, h.idemBin, work, logf); err != nil {
-		return err
+		return nil, err
 	}
 	if cfg.BillingBin, err = os.Executable(); err != nil {
-		return fmt.Errorf("locate the billing binary: %w", err)
+		return nil, fmt.Errorf("locate the billing binary: %w", err)
 	}
 
 	base, stopDB, err := chaos.ResolveDatabase(ctx, os.Getenv("DATABASE_URL"), cli.DefaultDatabaseURL, pgtempFallback, logf)
 	if errors.Is(err, chaos.ErrNoDatabase) {
-		return fmt.Errorf("no DATABASE_URL and no PostgreSQL on 127.0.0.1:5432 (billing demo starts a throwaway one)")
+		return nil, fmt.Errorf("no DATABASE_URL and no PostgreSQL on 127.0.0.1:5432 (billing demo starts a throwaway one)")
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer stopDB()
 	dbURL, drop, err := chaos.FreshSchema(ctx, base)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() {
 		if !h.keep {
@@ -290,7 +316,7 @@ func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error
 	}
 	rep, err := chaos.Run(ctx, &cfg)
 	if errors.Is(err, chaos.ErrConfig) {
-		return cli.Usagef("%v", err)
+		return rep, cli.Usagef("%v", err)
 	}
 	if rep != nil {
 		if h.jsonOut {
@@ -301,21 +327,52 @@ func runHarness(ctx context.Context, h *harnessFlags, pgtempFallback bool) error
 			rep.WriteText(os.Stdout)
 		}
 	}
+	if rep != nil && h.report != "" {
+		if werr := writeHTMLReport(rep, h.report); werr != nil {
+			logf("report: %v", werr)
+		} else if h.jsonOut {
+			logf("report: %s", h.report)
+		} else {
+			fmt.Printf("report: %s\n", h.report)
+		}
+	}
 	if err != nil {
-		return fmt.Errorf("run failed: %v (logs in %s)", err, work)
+		return rep, fmt.Errorf("run failed: %v (logs in %s)", err, work)
 	}
 	if !rep.Pass {
-		return fmt.Errorf("%d violations (logs in %s)", len(rep.Violations), work)
+		return rep, fmt.Errorf("%d violations (logs in %s)", len(rep.Violations), work)
 	}
 	if cfg.Unsafe != "" {
 		// A protection was off and nothing broke: the run did not show
 		// the audit can catch it, which is no pass. The logs are kept.
-		return &cli.ExitError{Code: exitInconclusive, Err: fmt.Errorf("inconclusive: with --unsafe=%s the audit found no violation; this run did not exercise that protection (logs in %s)", cfg.Unsafe, work)}
+		return rep, &cli.ExitError{Code: exitInconclusive, Err: fmt.Errorf("inconclusive: with --unsafe=%s the audit found no violation; this run did not exercise that protection (logs in %s)", cfg.Unsafe, work)}
 	}
 	passed = true
-	return nil
+	return rep, nil
 }
 
 // exitInconclusive is billing chaos's exit status for an --unsafe run
 // whose audit found nothing.
 const exitInconclusive = 3
+
+// writeHTMLReport writes rep's HTML page to path and, when the
+// linearizability check failed, porcupine's visualization of the smallest
+// failing key history beside it, linked from the page.
+func writeHTMLReport(rep *chaos.Report, path string) error {
+	lin := ""
+	if l := rep.Linearizability; l != nil && len(l.HTML) > 0 {
+		lin = chaos.LinearizabilityFile(path)
+		if err := os.WriteFile(filepath.Join(filepath.Dir(path), lin), l.HTML, 0o644); err != nil {
+			return err
+		}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := rep.WriteHTML(f, lin); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

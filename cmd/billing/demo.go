@@ -2,6 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
 
 	"github.com/idemkit/idem/examples/billing/chaos"
 	"github.com/idemkit/idem/internal/cli"
@@ -26,8 +30,9 @@ defaults (60 orders, 30 payments, 3 billing instances, 2 SIGKILLs, 1 SIGTERM,
 
   go run ./cmd/billing demo
 
-It ends with PASS (exit 0) or FAIL and the violations (exit 1). Every flag of
-billing chaos works here too.`
+It ends with PASS (exit 0) or FAIL and the violations (exit 1), and the path
+of its HTML report (--report, by default billing-demo-SEED.html in the
+temporary directory). Every flag of billing chaos works here too.`
 
 func runDemo(ctx context.Context, args []string) error {
 	h, err := parseHarness("demo", demoUsage, chaos.Config{
@@ -36,6 +41,14 @@ func runDemo(ctx context.Context, args []string) error {
 	}, args)
 	if err != nil {
 		return err
+	}
+	if h.report == "" {
+		if h.cfg.Seed == 0 {
+			// The seed the run would take from the clock, chosen here so
+			// that the file is named after it.
+			h.cfg.Seed = time.Now().UnixNano() & (1<<48 - 1)
+		}
+		h.report = filepath.Join(os.TempDir(), fmt.Sprintf("billing-demo-%d.html", h.cfg.Seed))
 	}
 	return runHarness(ctx, h, true)
 }

@@ -3,6 +3,7 @@ module github.com/idemkit/idem/examples/billing
 go 1.26.0
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/idemkit/idem v0.1.0
 	github.com/idemkit/idem/otel v0.1.0
 	github.com/idemkit/idem/prom v0.1.0

@@ -65,8 +65,12 @@ const (
 
 // run is the state of one chaos run.
 type run struct {
-	cfg    Config
-	rep    *Report
+	cfg Config
+	rep *Report
+	tl  *timeline
+	// failAt is the first call of the smallest failing key history, on
+	// the driver's clock.
+	failAt time.Duration
 	logDir string
 
 	broker *proc
@@ -137,6 +141,7 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 		Seed: c.Seed, Unsafe: c.Unsafe, Orders: c.Orders, Payments: c.Payments,
 		Instances: c.Instances, DropRate: c.DropRate, FailRate: c.FailRate,
 		ProduceFailRate: c.ProduceFailRate, DeclineRate: c.DeclineRate, Broker: c.brokerName(),
+		Config: runConfig(&c),
 	}}
 	tempWork := c.WorkDir == ""
 	if tempWork {
@@ -153,6 +158,7 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 	r.hc = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}}
 	defer r.hc.CloseIdleConnections()
 	r.scr = newScraper(r.hc)
+	r.tl = newTimeline()
 	r.progress = newProgress(c.Progress, c.ProgressTTY)
 	r.supCtx, r.supCancel = context.WithCancel(ctx)
 	defer r.supCancel()
@@ -162,6 +168,10 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 	r.rep.Violations = r.violations
 	if r.rep.Violations == nil {
 		r.rep.Violations = []Violation{}
+	}
+	if r.drv != nil {
+		r.rep.Timeline = r.tl.build(r.drv)
+		r.placeViolations()
 	}
 	r.rep.Pass = err == nil && len(r.violations) == 0
 	switch {
@@ -175,6 +185,7 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 }
 
 func (r *run) violation(v Violation) {
+	v.At = r.tl.since().Seconds()
 	r.vmu.Lock()
 	r.violations = append(r.violations, v)
 	r.vmu.Unlock()
@@ -298,6 +309,7 @@ func (r *run) execute(ctx context.Context) error {
 		p.onCrash = r.crashed
 		p.out.onMarker = func(line string) {
 			if r.fp != nil && r.fp.hit(line) {
+				r.tl.mark("failpoint", p.name+": "+strings.TrimPrefix(line, markerPrefix))
 				r.progress.logf("%s: %s", p.name, strings.TrimPrefix(line, markerPrefix))
 			}
 		}
@@ -340,8 +352,14 @@ func (r *run) execute(ctx context.Context) error {
 	go func() { chaosErr <- r.chaos(ctx, total, loadDone) }()
 
 	start := time.Now()
+	r.tl.mu.Lock()
+	r.tl.load[0] = r.tl.since()
+	r.tl.mu.Unlock()
 	r.drv.run(ctx)
 	r.rep.LoadSeconds = time.Since(start).Seconds()
+	r.tl.mu.Lock()
+	r.tl.load[1] = r.tl.since()
+	r.tl.mu.Unlock()
 	close(loadDone)
 	if err := <-chaosErr; err != nil {
 		r.progress.stop()
@@ -360,6 +378,9 @@ func (r *run) execute(ctx context.Context) error {
 	qstart := time.Now()
 	statuses, err := r.quiesce(ctx)
 	r.rep.QuiescenceSeconds = time.Since(qstart).Seconds()
+	r.tl.mu.Lock()
+	r.tl.quiet = r.tl.since()
+	r.tl.mu.Unlock()
 	r.progress.stop()
 	if err != nil {
 		return err
@@ -370,18 +391,56 @@ func (r *run) execute(ctx context.Context) error {
 	}
 	r.scr.scrape(ctx, r.paysim, "/metrics")
 	r.fillReport()
+	r.checkHistory(ctx)
 	return r.audit(ctx, statuses)
+}
+
+// checkHistory runs the model-based audit over the driver's history; a
+// key whose history is not linearizable is a violation, and porcupine's
+// visualization of the smallest one goes to the work directory.
+func (r *run) checkHistory(ctx context.Context) {
+	lin := checkLinearizable(ctx, r.drv.hist.snapshot())
+	r.rep.Linearizability = &lin
+	r.rep.Linearizable = lin.Verdict
+	if lin.Verdict == "yes" {
+		return
+	}
+	if lin.Verdict == "unknown" {
+		r.violation(Violation{Kind: "not-linearizable", Subject: "history", Detail: "the linearizability check did not finish on every key"})
+		return
+	}
+	if len(lin.Failing) > 0 {
+		r.failAt = time.Duration(lin.Failing[0].Call)
+	}
+	if len(lin.HTML) > 0 {
+		path := filepath.Join(r.cfg.WorkDir, "linearizability.html")
+		if err := os.WriteFile(path, lin.HTML, 0o644); err == nil {
+			r.rep.Linearizability.HTMLPath = path
+		}
+	}
+	r.violation(Violation{Kind: "not-linearizable", Subject: "key " + lin.FailingKey,
+		Detail: fmt.Sprintf("%d of %d keys have no linearization in the Idempotency-Key model; the smallest: %s",
+			lin.FailingKeys, lin.Keys, strings.Join(describeHistory(lin.Failing), "; "))})
 }
 
 func (r *run) scrapeLoop(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	var lags *lagSampler
+	if r.natsURL == "" {
+		lags = newLagSampler(r.brokers)
+		defer lags.close()
+	}
 	for {
 		for _, p := range r.instances {
 			if p.isUp() {
 				r.scr.scrape(ctx, p, "/metrics")
 			}
 		}
+		if r.paysim != nil {
+			r.scr.scrape(ctx, r.paysim, "/metrics")
+		}
+		r.sampleNow(ctx, lags)
 		select {
 		case <-ctx.Done():
 			return
@@ -500,12 +559,17 @@ func (r *run) instanceEvent(ctx context.Context, ev event, rng *mrand.Rand) erro
 		r.progress.logf("%s: SIGKILL", p.name)
 		p.stop(syscall.SIGKILL, 30*time.Second)
 		r.kills.Add(1)
+		r.tl.mark("kill", p.name+": SIGKILL")
 	} else {
 		r.progress.logf("%s: SIGTERM", p.name)
 		code, forced := p.stop(syscall.SIGTERM, c.ShutdownTimeout+5*time.Second)
 		r.terms.Add(1)
+		if code == 0 && !forced {
+			r.tl.mark("term", p.name+": SIGTERM, clean exit")
+		}
 		if code != 0 || forced {
 			r.unclean.Add(1)
+			r.tl.mark("term", fmt.Sprintf("%s: SIGTERM, unclean (exit %d, killed after grace: %v)", p.name, code, forced))
 			r.progress.logf("%s: SIGTERM ended with exit %d (killed after grace: %v)", p.name, code, forced)
 		}
 	}
@@ -515,6 +579,7 @@ func (r *run) instanceEvent(ctx context.Context, ev event, rng *mrand.Rand) erro
 	}
 	r.scr.thaw(p)
 	r.restarts.Add(1)
+	r.tl.mark("restart", p.name+": restarted")
 	r.progress.logf("%s: restarted", p.name)
 	return nil
 }
@@ -533,12 +598,14 @@ func (r *run) infraEvent(ctx context.Context, ev event, rng *mrand.Rand) error {
 			return err
 		}
 		r.brokerRestarts.Add(1)
+		r.tl.mark("broker", "broker: "+signame(sig)+" and restart")
 	case "pg":
 		r.progress.logf("postgres: pg_ctl stop -m immediate and restart")
 		if err := r.pg.Restart(ctx, pgtemp.StopImmediate); err != nil {
 			return fmt.Errorf("chaos: restart PostgreSQL: %w", err)
 		}
 		r.pgRestarts.Add(1)
+		r.tl.mark("pg", "PostgreSQL: crashed (immediate stop) and restarted")
 		r.progress.logf("postgres: restarted")
 	case "net":
 		// Every other cut comes after a stall: the connections hang first,
@@ -553,6 +620,7 @@ func (r *run) infraEvent(ctx context.Context, ev event, rng *mrand.Rand) error {
 		n := r.pgProxy.Cut() + r.kafkaProxy.Cut()
 		r.netCuts.Add(1)
 		r.netCutConns.Add(int64(n))
+		r.tl.mark("net", fmt.Sprintf("network cut: %d connections reset (stall %v)", n, stall))
 		if stall > 0 {
 			r.progress.logf("network: reset %d connections to PostgreSQL and Kafka after a %v stall", n, stall)
 		} else {
@@ -623,6 +691,7 @@ func (r *run) crashed(p *proc) {
 	r.supWG.Add(1)
 	r.supMu.Unlock()
 	r.selfExits.Add(1)
+	r.tl.mark("exit", p.name+": exited on its own")
 	p.mu.Lock()
 	gen := p.starts
 	p.mu.Unlock()
@@ -1107,4 +1176,33 @@ func signame(s syscall.Signal) string {
 		return "SIGKILL"
 	}
 	return "SIGTERM"
+}
+
+// placeViolations points each violation at its moment on the timeline
+// (momentOf).
+func (r *run) placeViolations() {
+	off := r.drv.hist.t0.Sub(r.tl.t0)
+	first := map[string]time.Duration{}
+	for _, op := range r.drv.hist.snapshot() {
+		if d, ok := first[op.Key]; !ok || time.Duration(op.Call) < d {
+			first[op.Key] = time.Duration(op.Call)
+		}
+	}
+	for k, d := range first {
+		first[k] = d + off
+	}
+	r.drv.mu.Lock()
+	created := make(map[string]time.Duration, len(r.drv.createdAt))
+	for k, d := range r.drv.createdAt {
+		created[k] = d + off
+	}
+	r.drv.mu.Unlock()
+	for i := range r.rep.Violations {
+		v := &r.rep.Violations[i]
+		if v.Kind == "not-linearizable" && r.failAt > 0 {
+			v.At = (r.failAt + off).Seconds()
+			continue
+		}
+		v.At = momentOf(*v, created, first, time.Duration(v.At*float64(time.Second)))
+	}
 }

@@ -85,6 +85,36 @@ func TestChaosEndToEnd(t *testing.T) {
 	if rep.LedgerWatchSeconds <= 10 {
 		t.Errorf("the idle ledger was watched %vs, not beyond the outbox lease + reaper (10s)", rep.LedgerWatchSeconds)
 	}
+	wantLinearizable(t, rep, "yes")
+}
+
+// wantLinearizable checks the model-based audit's verdict, and that it saw
+// every attempt the driver made.
+func wantLinearizable(t *testing.T, rep *Report, want string) {
+	t.Helper()
+	l := rep.Linearizability
+	if l == nil || rep.Linearizable != want || l.Verdict != want {
+		t.Fatalf("linearizable %q (%+v), want %s", rep.Linearizable, l, want)
+	}
+	if int64(l.Ops) != rep.Requests || l.Keys == 0 {
+		t.Errorf("the history has %d attempts of %d keys; the driver made %d requests", l.Ops, l.Keys, rep.Requests)
+	}
+	if want != "no" {
+		return
+	}
+	if len(l.Failing) == 0 || l.FailingKey == "" || l.FailingKeys == 0 {
+		t.Errorf("no failing key history: %+v", l)
+	}
+	if b, err := os.ReadFile(l.HTMLPath); err != nil || !strings.Contains(string(b), "<html") {
+		t.Errorf("porcupine's visualization %q: %v", l.HTMLPath, err)
+	}
+	found := false
+	for _, v := range rep.Violations {
+		found = found || (v.Kind == "not-linearizable" && v.Subject == "key "+l.FailingKey)
+	}
+	if !found {
+		t.Errorf("no not-linearizable violation for key %s among %+v", l.FailingKey, rep.Violations)
+	}
 }
 
 // --unsafe=key, through the CLI as CI runs it: the driver mints a fresh key
@@ -129,6 +159,7 @@ func TestChaosUnsafeKeyIsCaught(t *testing.T) {
 	if !charged {
 		t.Fatalf("no double or orphan charge among %+v", rep.Violations)
 	}
+	wantLinearizable(t, &rep, "no")
 	if last := strings.TrimSpace(stderr.String()); !strings.Contains(last[strings.LastIndexByte(last, '\n')+1:], "violations") {
 		t.Errorf("last stderr line does not name the violations: %q", last)
 	}
@@ -177,6 +208,7 @@ func TestChaosInfrastructureFaults(t *testing.T) {
 	if rep.KafkaRetried == 0 {
 		t.Error("no outbox event had a failed publish: the produce failures were not exercised")
 	}
+	wantLinearizable(t, &rep, "yes")
 }
 
 func TestConfigValidate(t *testing.T) {

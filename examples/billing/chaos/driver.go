@@ -69,6 +69,12 @@ type driver struct {
 	orders    []*order
 	payments  []*payment
 	latencies []time.Duration
+	// latencyAt is when each latency's POST ended, dropsAt when each
+	// answer was thrown away, both since hist.t0 (the timeline's).
+	latencyAt []time.Duration
+	dropsAt   []time.Duration
+	// createdAt is when each order and payment id was first answered.
+	createdAt map[string]time.Duration
 
 	ops           atomic.Int64 // POSTs with a final answer
 	requests      atomic.Int64 // HTTP attempts
@@ -82,6 +88,9 @@ type driver struct {
 	reuseRejected atomic.Int64 // ... and refused with IDEMPOTENCY_KEY_REUSED
 	transportErr  atomic.Int64
 	status5xx     atomic.Int64
+
+	// hist is every attempt, for the model-based audit (history.go).
+	hist *history
 }
 
 func newDriver(cfg *Config, runID string, instances []*proc, report func(Violation)) *driver {
@@ -93,6 +102,8 @@ func newDriver(cfg *Config, runID string, instances []*proc, report func(Violati
 		instances: instances,
 		report:    report,
 		keys:      map[string]*keyRecord{},
+		hist:      newHistory(),
+		createdAt: map[string]time.Duration{},
 	}
 }
 
@@ -180,6 +191,7 @@ func (d *driver) runTask(ctx context.Context, t task) {
 	}
 	o := &order{ID: created.ID, CustomerID: cust, Total: total, ForPayment: t.forPayment}
 	d.mu.Lock()
+	d.createdAt["order "+o.ID] = time.Since(d.hist.t0)
 	d.orders = append(d.orders, o)
 	d.mu.Unlock()
 	if d.cfg.Unsafe != UnsafeKey && !t.forPayment && (t.n == 0 || t.rng.Float64() < reuseRate) {
@@ -214,6 +226,7 @@ func (d *driver) runTask(ctx context.Context, t task) {
 		return
 	}
 	d.mu.Lock()
+	d.createdAt["payment "+pay.ID] = time.Since(d.hist.t0)
 	d.payments = append(d.payments, &payment{ID: pay.ID, OrderID: o.ID, CustomerID: cust, Amount: amount})
 	d.mu.Unlock()
 	if d.cfg.Unsafe != UnsafeKey && (t.n == 0 || t.rng.Float64() < reuseRate) {
@@ -270,7 +283,9 @@ func (d *driver) probeReuse(ctx context.Context, rng *rand.Rand, path string, bo
 		}
 		last = inst
 		d.requests.Add(1)
-		st, _, resp, err := d.do(ctx, d.instances[inst].addr, path, body, key)
+		done := d.hist.call(attemptID{op: key, key: key, n: attempt, probe: true}, path, body)
+		st, hdr, resp, err := d.do(ctx, d.instances[inst].addr, path, body, key)
+		done(st, hdr, resp, err)
 		switch {
 		case err != nil && ctx.Err() != nil:
 			d.report(Violation{Kind: "no-final-answer", Subject: path, Detail: fmt.Sprintf("key %s reused: %v", key, err)})
@@ -310,15 +325,16 @@ func (d *driver) post(ctx context.Context, t task, path string, body []byte, key
 		go func() {
 			defer dup.Done()
 			rng := rand.New(rand.NewPCG(seed, 1))
-			_, _, _ = d.attempts(ctx, rng, path, body, dupKey, want, false)
+			_, _, _ = d.attempts(ctx, rng, path, body, key, dupKey, true, want, false)
 		}()
 	}
-	st, resp, err := d.attempts(ctx, t.rng, path, body, key, want, forceDrop)
+	st, resp, err := d.attempts(ctx, t.rng, path, body, key, key, false, want, forceDrop)
 	dup.Wait()
 	if err == nil {
 		d.ops.Add(1)
 		d.mu.Lock()
 		d.latencies = append(d.latencies, time.Since(start))
+		d.latencyAt = append(d.latencyAt, time.Since(d.hist.t0))
 		d.mu.Unlock()
 	}
 	return st, resp, err
@@ -333,7 +349,11 @@ func (d *driver) post(ctx context.Context, t task, path string, body []byte, key
 // Retry-After). Any other answer is final; with probability ClientDropRate
 // a final answer is thrown away as if lost on the way back, and the POST is
 // retried: the server must replay it.
-func (d *driver) attempts(ctx context.Context, rng *rand.Rand, path string, body []byte, key string, want int, forceDrop bool) (int, []byte, error) {
+//
+// op is the logical key, recorded in the history with each attempt: key
+// itself, unless the driver is unsafe=key and sends another.
+// dup marks the concurrent duplicate.
+func (d *driver) attempts(ctx context.Context, rng *rand.Rand, path string, body []byte, op, key string, dup bool, want int, forceDrop bool) (int, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.OpTimeout)
 	defer cancel()
 	drops := 0
@@ -355,7 +375,9 @@ func (d *driver) attempts(ctx context.Context, rng *rand.Rand, path string, body
 		}
 		last = inst
 		d.requests.Add(1)
+		done := d.hist.call(attemptID{op: op, key: key, n: attempt, dup: dup}, path, body)
 		st, hdr, resp, err := d.do(ctx, d.instances[inst].addr, path, body, key)
+		done(st, hdr, resp, err)
 		switch {
 		case err != nil:
 			d.transportErr.Add(1)
@@ -386,6 +408,9 @@ func (d *driver) attempts(ctx context.Context, rng *rand.Rand, path string, body
 		if (forceDrop && drops == 0) || (drops < 2 && rng.Float64() < d.cfg.ClientDropRate) {
 			drops++
 			d.clientDrops.Add(1)
+			d.mu.Lock()
+			d.dropsAt = append(d.dropsAt, time.Since(d.hist.t0))
+			d.mu.Unlock()
 			continue
 		}
 		if st != want {

@@ -15,10 +15,15 @@ type Violation struct {
 	// wrong-customer, wrong-principal, wrong-key, double-command,
 	// orphan-charge, orphan-decline, not-final, replay-differs,
 	// key-reuse-accepted, unexpected-status, bad-response, no-final-answer,
-	// instance-down, not-idle, lost-event, reordered-event, misrouted-event.
+	// instance-down, not-idle, lost-event, reordered-event, misrouted-event,
+	// not-linearizable.
 	Kind    string `json:"kind"`
 	Subject string `json:"subject"`
 	Detail  string `json:"detail"`
+	// At is the violation's moment on the timeline, in seconds since the
+	// run's start: when its order, payment or key was first sent, else
+	// when it was found.
+	At float64 `json:"at"`
 }
 
 // Layers counts the duplicates each protection stopped.
@@ -132,6 +137,17 @@ type Report struct {
 	// KafkaRetried is the outbox events whose publish failed at least once.
 	KafkaRetried int `json:"kafka_retried"`
 
+	// Linearizable is the model-based audit's verdict on the driver's
+	// history: "yes", "no" or "unknown" ("" when it did not run);
+	// Linearizability its details.
+	Linearizable    string           `json:"linearizable,omitempty"`
+	Linearizability *Linearizability `json:"linearizability,omitempty"`
+
+	// Config is what the run was given, with the command that repeats it.
+	Config RunConfig `json:"config"`
+	// Timeline is the run second by second, for the HTML report.
+	Timeline *Timeline `json:"timeline,omitempty"`
+
 	Violations []Violation `json:"violations"`
 	Pass       bool        `json:"pass"`
 	// WorkDir holds the children's logs (kept when the run fails).
@@ -198,6 +214,19 @@ func (r *Report) WriteText(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  %-11s %d outbox events of %d aggregates (%d had a failed publish) checked against %d records (%d redeliveries): each on its topic, first deliveries in aggregate order\n",
 		label, r.KafkaEvents, r.KafkaAggregates, r.KafkaRetried, r.KafkaRecords, r.KafkaRedelivered)
+	if l := r.Linearizability; l != nil {
+		fmt.Fprintf(w, "  model       linearizable: %s (%d attempts of %d keys checked by porcupine against a sequential Idempotency-Key model)\n",
+			l.Verdict, l.Ops, l.Keys)
+		if len(l.Failing) > 0 {
+			fmt.Fprintf(w, "              %d keys fail; the smallest, %s:\n", l.FailingKeys, l.FailingKey)
+			for _, line := range describeHistory(l.Failing) {
+				fmt.Fprintf(w, "                %s\n", line)
+			}
+			if l.HTMLPath != "" {
+				fmt.Fprintf(w, "              visualized in %s\n", l.HTMLPath)
+			}
+		}
+	}
 	if len(r.Violations) > 0 {
 		kinds := map[string]int{}
 		for _, v := range r.Violations {

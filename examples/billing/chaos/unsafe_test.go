@@ -25,6 +25,9 @@ func TestChaosUnsafeLayersAreCaught(t *testing.T) {
 		cfg  Config
 		// want: at least one violation of one of these kinds.
 		want []string
+		// lin: the model-based audit's verdict, when the layer is one it
+		// sees (the client-visible answers change).
+		lin string
 	}{
 		{
 			// The fingerprint probe reuses a payment's key with another
@@ -33,6 +36,7 @@ func TestChaosUnsafeLayersAreCaught(t *testing.T) {
 			name: UnsafeFingerprint,
 			cfg:  Config{Orders: 4, Payments: 12, Instances: 2, LoadDuration: 2 * time.Second},
 			want: []string{"key-reuse-accepted"},
+			lin:  "no",
 		},
 		{
 			// Half the POSTs are sent twice at once: with no lease, the
@@ -108,6 +112,9 @@ func TestChaosUnsafeLayersAreCaught(t *testing.T) {
 			}
 			if !found {
 				t.Fatalf("no %v among the violations %+v", tt.want, rep.Violations)
+			}
+			if tt.lin != "" {
+				wantLinearizable(t, rep, tt.lin)
 			}
 			b, err := os.ReadFile(filepath.Join(rep.WorkDir, "logs", "billing-1.log"))
 			if err != nil {
