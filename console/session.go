@@ -65,7 +65,7 @@ func (c *Console) setCookie(w http.ResponseWriter, r *http.Request, name, value 
 	case maxAge < 0:
 		ck.MaxAge = -1
 	case maxAge > 0:
-		ck.MaxAge = int(maxAge / time.Second)
+		ck.MaxAge = max(1, int(maxAge/time.Second))
 		ck.Expires = time.Now().Add(maxAge)
 	}
 	http.SetCookie(w, ck)
