@@ -351,4 +351,3 @@ func fenceOf(t *testing.T, page string) string {
 }
 
 func strconvI(n int64) string { return strconv.FormatInt(n, 10) }
-

@@ -31,12 +31,11 @@ func auditActor(actor, reason string) (string, error) {
 	return name, nil
 }
 
-// logAudit logs an operator action (done or refused) on stderr.
+// logAudit logs an operator action on stderr once it is done (a refused
+// one is the command's error).
 func logAudit(action, subject, actor, reason string, err error) {
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err != nil {
-		log.Warn("action refused", "action", action, "subject", subject, "actor", actor, "reason", reason, "err", err)
 		return
 	}
-	log.Info("action", "action", action, "subject", subject, "actor", actor, "reason", reason)
+	slog.New(slog.NewTextHandler(os.Stderr, nil)).Info("action", "action", action, "subject", subject, "actor", actor, "reason", reason)
 }
