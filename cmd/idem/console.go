@@ -118,7 +118,7 @@ func runConsole(ctx context.Context, args []string) error {
 		return err
 	}
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(httpserver.LimitListener(ln, hc.MaxConns)) }()
+	go func() { served <- srv.Serve(hc.Limit(ln)) }()
 	fmt.Printf("idem console listening on http://%s/ (token required)\n", ln.Addr())
 	if generated {
 		fmt.Fprintf(os.Stderr, "idem console: no IDEM_CONSOLE_TOKEN set: this run's token is %s\n"+

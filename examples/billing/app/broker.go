@@ -12,9 +12,9 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idem/consume"
-	"github.com/idemkit/idem/internal/cli"
 	"github.com/idemkit/idem/examples/billing/consumer"
 	"github.com/idemkit/idem/examples/billing/usecase"
+	"github.com/idemkit/idem/internal/cli"
 	idemkafkago "github.com/idemkit/idem/kafkago"
 	"github.com/idemkit/idem/lifecycle"
 	"github.com/idemkit/idem/natsjs"
