@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/problem"
 	"github.com/idemkit/idem/internal/startstop"
 	"github.com/idemkit/idem/kafka"
 	"github.com/idemkit/idem/outbox"
@@ -39,6 +41,7 @@ const (
 	SampleIntervalDefault = 30 * time.Second
 	SampleWindowDefault   = time.Hour
 	LeaseTTLDefault       = outbox.LeaseTTLDefault
+	SessionTTLDefault     = 8 * time.Hour
 )
 
 // ErrInvalidConfig is returned by New for a bad Config; the error names
@@ -48,13 +51,23 @@ var ErrInvalidConfig = errors.New("console: invalid config")
 // Config configures a Console. A nil Config means all defaults.
 type Config struct {
 	// Token, when set, is required on every request: as "Authorization:
-	// Bearer TOKEN" or through the login form (which sets an HttpOnly,
-	// SameSite=Strict cookie). It is compared in constant time. Set it
-	// whenever the handler is reachable from anything but loopback; with
-	// no token, the console answers only requests whose Host is a
-	// loopback name (so a web page cannot reach it by DNS rebinding).
-	// Defaults to "" (loopback only).
+	// Bearer TOKEN" or through the login form, which starts a server-side
+	// session (a random id in an HttpOnly, SameSite=Strict cookie that
+	// expires after SessionTTL; the token itself is never stored in the
+	// browser). It is compared in constant time. Set it whenever the
+	// handler is reachable from anything but loopback, or by other users
+	// of the host; with no token, the console answers only requests whose
+	// peer address is loopback and whose Host is a loopback name (so a
+	// web page cannot reach it by DNS rebinding), and every local user
+	// can act through it. `idem console` always sets one. Defaults to "".
 	Token string
+	// SessionTTL is how long a sign-in lasts. Defaults to
+	// SessionTTLDefault (8h).
+	SessionTTL time.Duration
+	// TrustedProxies are the peers whose X-Forwarded-Proto: https is
+	// believed: behind such a TLS-terminating proxy the cookies are
+	// Secure and named __Host-, as on direct TLS. Defaults to none.
+	TrustedProxies []netip.Prefix
 	// DLQ reads and redrives dead-letter topics; nil hides the
 	// dead-letter page. Defaults to nil.
 	DLQ *kafka.DLQ
@@ -88,6 +101,9 @@ type Console struct {
 	mux    *http.ServeMux
 	svc    startstop.Service
 
+	smu      sync.Mutex
+	sessions map[string]*session
+
 	mu        sync.Mutex
 	samples   []sample
 	keyEvents []keyEvent
@@ -117,6 +133,9 @@ func New(db DB, cfg *Config) (*Console, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.SessionTTL == 0 {
+		c.SessionTTL = SessionTTLDefault
+	}
 	switch {
 	case db == nil:
 		return nil, fmt.Errorf("%w: db is nil", ErrInvalidConfig)
@@ -124,6 +143,8 @@ func New(db DB, cfg *Config) (*Console, error) {
 		return nil, fmt.Errorf("%w: SampleInterval %s is negative", ErrInvalidConfig, c.SampleInterval)
 	case c.SampleWindow < c.SampleInterval:
 		return nil, fmt.Errorf("%w: SampleWindow %s is shorter than SampleInterval %s", ErrInvalidConfig, c.SampleWindow, c.SampleInterval)
+	case c.SessionTTL < 0:
+		return nil, fmt.Errorf("%w: SessionTTL %s is negative", ErrInvalidConfig, c.SessionTTL)
 	case c.LeaseTTL < 0:
 		return nil, fmt.Errorf("%w: LeaseTTL %s is negative", ErrInvalidConfig, c.LeaseTTL)
 	}
@@ -132,7 +153,7 @@ func New(db DB, cfg *Config) (*Console, error) {
 		return nil, fmt.Errorf("console: random secret: %w", err)
 	}
 	con := &Console{db: db, cfg: c, admin: outbox.NewAdmin(db), keys: idempotency.NewPostgresStore(db),
-		log: c.Logger, secret: secret, mux: http.NewServeMux()}
+		log: c.Logger, secret: secret, mux: http.NewServeMux(), sessions: map[string]*session{}}
 	con.routes()
 	return con, nil
 }
@@ -196,8 +217,8 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'")
 	w.Header().Set("Referrer-Policy", "no-referrer")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	if c.cfg.Token == "" && !loopbackHost(r.Host) {
-		c.refuse(w, r, http.StatusForbidden, "this console has no token and answers only on a loopback host name")
+	if c.cfg.Token == "" && (!loopbackHost(r.Host) || !loopbackPeer(r)) {
+		c.refuse(w, r, http.StatusForbidden, "this console has no token and answers only loopback peers on a loopback host name")
 		return
 	}
 	if c.cfg.Token != "" && r.URL.Path != "/login" && !c.authenticated(r) {
@@ -244,9 +265,9 @@ func loopbackHost(hostport string) bool {
 }
 
 const (
-	tokenCookie = "idem_console_token"
-	csrfCookie  = "idem_console_csrf"
-	csrfField   = "csrf"
+	sessionCookie = "idem_console_session"
+	csrfCookie    = "idem_console_csrf"
+	csrfField     = "csrf"
 )
 
 func (c *Console) tokenOK(got string) bool {
@@ -257,10 +278,7 @@ func (c *Console) authenticated(r *http.Request) bool {
 	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
 		return c.tokenOK(tok)
 	}
-	if ck, err := r.Cookie(tokenCookie); err == nil {
-		return c.tokenOK(ck.Value)
-	}
-	return false
+	return c.sessionOf(r) != nil
 }
 
 // csrfToken returns the form token for r's browser, setting the browser's
@@ -269,13 +287,13 @@ func (c *Console) authenticated(r *http.Request) bool {
 // the cookie nor compute the token.
 func (c *Console) csrfToken(w http.ResponseWriter, r *http.Request) string {
 	id := ""
-	if ck, err := r.Cookie(csrfCookie); err == nil && len(ck.Value) == 32 {
-		id = ck.Value
+	if v := c.cookie(r, csrfCookie); len(v) == 32 {
+		id = v
 	} else {
 		b := make([]byte, 16)
 		_, _ = rand.Read(b)
 		id = hex.EncodeToString(b)
-		http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: id, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+		c.setCookie(w, r, csrfCookie, id, 0)
 	}
 	return c.mac(id)
 }
@@ -288,24 +306,32 @@ func (c *Console) mac(id string) string {
 
 // csrfOK checks a POST's form token against the browser's cookie.
 func (c *Console) csrfOK(r *http.Request) bool {
-	ck, err := r.Cookie(csrfCookie)
-	if err != nil {
+	v := c.cookie(r, csrfCookie)
+	if v == "" {
 		return false
 	}
-	return hmac.Equal([]byte(r.PostFormValue(csrfField)), []byte(c.mac(ck.Value)))
+	return hmac.Equal([]byte(r.PostFormValue(csrfField)), []byte(c.mac(v)))
 }
 
-// actor names who acted, for the audit trail and the log.
-func actor(r *http.Request) string {
+// actor names who acted, for the audit trail and the log: the name given
+// at sign-in and the session's tag, or the bearer token's holder, or (with
+// no token) the loopback peer.
+func (c *Console) actor(r *http.Request) string {
+	if s := c.sessionOf(r); s != nil && c.cfg.Token != "" {
+		return s.name + " (console session " + s.tag + ")"
+	}
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		host = r.RemoteAddr
 	}
-	return "console@" + host
+	if c.cfg.Token != "" {
+		return "console bearer token@" + host
+	}
+	return "console@" + host + " (no token)"
 }
 
 func (c *Console) refuse(w http.ResponseWriter, r *http.Request, status int, why string) {
-	c.log.WarnContext(r.Context(), "console: request refused", "method", r.Method, "path", r.URL.Path, "status", status, "reason", why, "remote", r.RemoteAddr)
+	c.log.WarnContext(r.Context(), "console: request refused", "method", r.Method, "path", problem.Clip(r.URL.Path, 100), "status", status, "reason", why, "remote", r.RemoteAddr)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.WriteHeader(status)
 	fmt.Fprintln(w, why)

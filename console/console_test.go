@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"errors"
+	"html"
 	"io"
 	"log/slog"
 	"net/http"
@@ -98,6 +99,20 @@ func postForm(t *testing.T, c *http.Client, u string, v url.Values, hdr ...strin
 	return resp.StatusCode, string(b), resp.Header
 }
 
+var flashRe = regexp.MustCompile(`<div class="flash (ok|bad)" id="flash">([^<]*)</div>`)
+
+// flashAt follows a redirect and returns the page's banner: "ok: …",
+// "bad: …" or "".
+func flashAt(t *testing.T, c *http.Client, base string, hdr http.Header) string {
+	t.Helper()
+	_, body, _ := get(t, c, base+hdr.Get("Location"))
+	m := flashRe.FindStringSubmatch(body)
+	if m == nil {
+		return ""
+	}
+	return m[1] + ": " + html.UnescapeString(m[2])
+}
+
 func csrfOf(t *testing.T, body string) string {
 	t.Helper()
 	m := csrfRe.FindStringSubmatch(body)
@@ -155,8 +170,14 @@ func TestRequeueNeedsCSRF(t *testing.T) {
 	}
 
 	code, _, hdr = postForm(t, c, b.srv.URL+"/outbox/requeue", url.Values{"id": {"a-1"}, "reason": {"limit raised"}, "csrf": {tok}})
-	if code != http.StatusSeeOther || !strings.Contains(hdr.Get("Location"), "msg=requeued") {
+	if code != http.StatusSeeOther || hdr.Get("Location") != "/outbox" {
 		t.Fatalf("requeue: %d %v", code, hdr)
+	}
+	if f := flashAt(t, c, b.srv.URL, hdr); !strings.HasPrefix(f, "ok: requeued a-1") {
+		t.Fatalf("banner after requeue: %q", f)
+	}
+	if f := flashAt(t, c, b.srv.URL, hdr); f != "" {
+		t.Errorf("the banner shows twice: %q", f)
 	}
 	st, audit := status(t, b, "a-1")
 	if st != "PENDING" || len(audit) != 1 || !strings.HasPrefix(audit[0].Actor, "console@127.0.0.1") || audit[0].Reason != "limit raised" {
@@ -164,8 +185,8 @@ func TestRequeueNeedsCSRF(t *testing.T) {
 	}
 	// Twice: refused with the reason, shown on the page.
 	_, _, hdr = postForm(t, c, b.srv.URL+"/outbox/requeue", url.Values{"id": {"a-1"}, "csrf": {tok}})
-	if loc := hdr.Get("Location"); !strings.Contains(loc, "err=") || !strings.Contains(loc, "PENDING") {
-		t.Errorf("second requeue: %s", loc)
+	if f := flashAt(t, c, b.srv.URL, hdr); !strings.HasPrefix(f, "bad: ") || !strings.Contains(f, "PENDING") {
+		t.Errorf("second requeue: %q", f)
 	}
 	_, body, _ = get(t, c, b.srv.URL+"/outbox/event?id=a-1")
 	if !strings.Contains(body, "limit raised") || !strings.Contains(body, `id="event-status">PENDING`) {
@@ -223,15 +244,25 @@ func TestTokenRequired(t *testing.T) {
 	if code, _, _ := postForm(t, c, b.srv.URL+"/login", url.Values{"token": {"s3cret-token"}}); code != http.StatusForbidden {
 		t.Errorf("login without CSRF: %d", code)
 	}
-	if code, _, _ := postForm(t, c, b.srv.URL+"/login", url.Values{"token": {"s3cret-token"}, "csrf": {tok}}); code != http.StatusSeeOther {
+	if code, _, _ := postForm(t, c, b.srv.URL+"/login", url.Values{"token": {"s3cret-token"}, "csrf": {tok}}); code != http.StatusBadRequest {
+		t.Fatalf("login without a name: %d, want 400", code)
+	}
+	code, _, hdr := postForm(t, c, b.srv.URL+"/login", url.Values{"token": {"s3cret-token"}, "name": {"alice"}, "csrf": {tok}})
+	if code != http.StatusSeeOther {
 		t.Fatalf("login: %d", code)
 	}
-	code, body, _ := get(t, c, b.srv.URL+"/outbox")
+	for _, ck := range hdr.Values("Set-Cookie") {
+		if strings.Contains(ck, "s3cret-token") {
+			t.Errorf("a cookie carries the token: %s", ck)
+		}
+	}
+	code, body, _ = get(t, c, b.srv.URL+"/outbox")
 	if code != 200 || !strings.Contains(body, `id="dead-a-1"`) {
 		t.Fatalf("outbox after login: %d", code)
 	}
 	code, _, _ = postForm(t, c, b.srv.URL+"/outbox/discard", url.Values{"id": {"a-1"}, "reason": {"cancelled"}, "csrf": {csrfOf(t, body)}})
-	if st, audit := status(t, b, "a-1"); code != http.StatusSeeOther || st != "DISCARDED" || len(audit) != 1 || audit[0].Action != "discard" {
+	if st, audit := status(t, b, "a-1"); code != http.StatusSeeOther || st != "DISCARDED" || len(audit) != 1 || audit[0].Action != "discard" ||
+		!strings.HasPrefix(audit[0].Actor, "alice (console session ") {
 		t.Fatalf("discard: %d %s %+v", code, st, audit)
 	}
 }
@@ -331,13 +362,13 @@ func TestDeadLetterPageRedrive(t *testing.T) {
 		t.Errorf("redrive without CSRF: %d", code)
 	}
 	_, _, hdr := postForm(t, c, srv.URL+"/dlq/redrive", url.Values{"from": {"other.dlq"}, "csrf": {tok}})
-	if !strings.Contains(hdr.Get("Location"), "err=") {
-		t.Errorf("redrive of a topic not configured: %v", hdr)
+	if f := flashAt(t, c, srv.URL, hdr); !strings.HasPrefix(f, "bad: ") {
+		t.Errorf("redrive of a topic not configured: %q", f)
 	}
-	for _, want := range []string{"redrove+1+records", "redrove+0+records"} {
-		_, _, hdr = postForm(t, c, srv.URL+"/dlq/redrive", url.Values{"from": {"orders.events.dlq"}, "csrf": {tok}})
-		if !strings.Contains(hdr.Get("Location"), want) {
-			t.Errorf("redrive: %s, want %s", hdr.Get("Location"), want)
+	for _, want := range []string{"ok: redrove 1 records", "ok: redrove 0 records"} {
+		_, _, hdr = postForm(t, c, srv.URL+"/dlq/redrive", url.Values{"from": {"orders.events.dlq"}, "reason": {"fixed"}, "csrf": {tok}})
+		if f := flashAt(t, c, srv.URL, hdr); !strings.HasPrefix(f, want) {
+			t.Errorf("redrive: %q, want %s", f, want)
 		}
 	}
 	if got := kc.ReadAll(t, "orders.events", 1, 20*time.Second); len(got) != 1 || string(got[0].Key) != "o1" {

@@ -14,9 +14,11 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem/console/internal/dbsqlc"
 	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/problem"
 	"github.com/idemkit/idem/kafka"
 	"github.com/idemkit/idem/outbox"
 )
@@ -52,12 +54,14 @@ func (c *Console) routes() {
 	})
 	c.mux.HandleFunc("GET /login", c.loginPage)
 	c.mux.HandleFunc("POST /login", c.login)
+	c.mux.HandleFunc("POST /logout", c.logout)
 	c.mux.HandleFunc("GET /outbox", c.outboxPage)
 	c.mux.HandleFunc("GET /outbox/event", c.eventPage)
 	c.mux.HandleFunc("POST /outbox/requeue", c.post(c.requeue))
 	c.mux.HandleFunc("POST /outbox/discard", c.post(c.discard))
 	c.mux.HandleFunc("GET /keys", c.keysPage)
 	c.mux.HandleFunc("POST /keys/release", c.post(c.releaseKey))
+	c.mux.HandleFunc("POST /keys/forget", c.post(c.forgetKey))
 	c.mux.HandleFunc("GET /inbox", c.inboxPage)
 	c.mux.HandleFunc("GET /dlq", c.dlqPage)
 	c.mux.HandleFunc("POST /dlq/redrive", c.post(c.redrive))
@@ -72,12 +76,19 @@ type page struct {
 	Err    string
 	Nav    string
 	HasDLQ bool
-	Data   any
+	// SignedIn is the session's name when a token console has one: the
+	// header then offers Sign out.
+	SignedIn string
+	Data     any
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title string, data any) {
-	p := page{Title: title, Prefix: prefixOf(r), CSRF: c.csrfToken(w, r), Msg: r.URL.Query().Get("msg"),
-		Err: r.URL.Query().Get("err"), Nav: name, HasDLQ: c.cfg.DLQ != nil, Data: data}
+	msg, errText := c.takeFlash(w, r)
+	p := page{Title: title, Prefix: prefixOf(r), CSRF: c.csrfToken(w, r), Msg: msg,
+		Err: errText, Nav: name, HasDLQ: c.cfg.DLQ != nil, Data: data}
+	if s := c.sessionOf(r); s != nil && c.cfg.Token != "" {
+		p.SignedIn = s.name
+	}
 	var b bytes.Buffer
 	if err := pages.ExecuteTemplate(&b, name+".html", p); err != nil {
 		c.log.ErrorContext(r.Context(), "console: render", "page", name, "err", err)
@@ -91,14 +102,15 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title str
 
 // fail answers a failed read with the page's error banner.
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
-	c.log.ErrorContext(r.Context(), "console: page failed", "path", r.URL.Path, "err", err)
+	c.log.ErrorContext(r.Context(), "console: page failed", "path", problem.Clip(r.URL.Path, 100), "err", err)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.WriteHeader(http.StatusServiceUnavailable)
 	fmt.Fprintln(w, "the database could not be read; see the console's log")
 }
 
 // post wraps a state-changing handler: CSRF check, then the action, then
-// a redirect back (POST/redirect/GET) with its outcome.
+// a redirect back (POST/redirect/GET) with its outcome in a signed flash
+// cookie.
 func (c *Console) post(fn func(r *http.Request) (back, msg string, err error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
@@ -111,23 +123,23 @@ func (c *Console) post(fn func(r *http.Request) (back, msg string, err error)) h
 			return
 		}
 		back, msg, err := fn(r)
-		q := url.Values{}
 		if err != nil {
-			q.Set("err", err.Error())
+			c.setFlash(w, r, false, err.Error())
 		} else {
-			q.Set("msg", msg)
+			c.setFlash(w, r, true, msg)
 		}
-		sep := "?"
-		if strings.Contains(back, "?") {
-			sep = "&"
-		}
-		http.Redirect(w, r, prefixOf(r)+back+sep+q.Encode(), http.StatusSeeOther)
+		http.Redirect(w, r, prefixOf(r)+back, http.StatusSeeOther)
 	}
 }
 
 func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
-	c.render(w, r, "login", "Sign in", nil)
+	// The link `idem console` prints carries the token: the form comes
+	// filled in, and signing in is still a POST with its CSRF field.
+	c.render(w, r, "login", "Sign in", map[string]string{"Token": r.URL.Query().Get("token")})
 }
+
+// maxNameLen bounds the name typed at sign-in (it goes to the audit trail).
+const maxNameLen = 64
 
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
@@ -143,10 +155,29 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.refuse(w, r, http.StatusUnauthorized, "wrong token")
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: c.cfg.Token, Path: "/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
-	c.log.InfoContext(r.Context(), "console: signed in", "actor", actor(r))
+	name := strings.TrimSpace(r.PostFormValue("name"))
+	if name == "" || len(name) > maxNameLen || strings.ContainsFunc(name, func(r rune) bool { return r < ' ' || r == 0x7f }) || !utf8.ValidString(name) {
+		c.refuse(w, r, http.StatusBadRequest, fmt.Sprintf("your name (1 to %d printable characters) is required: it is recorded with every action", maxNameLen))
+		return
+	}
+	id, tag := c.newSession(name)
+	c.setCookie(w, r, sessionCookie, id, c.cfg.SessionTTL)
+	c.log.InfoContext(r.Context(), "console: signed in", "actor", name+" (console session "+tag+")", "remote", r.RemoteAddr)
 	http.Redirect(w, r, prefixOf(r)+"/outbox", http.StatusSeeOther)
+}
+
+// logout ends the browser's session (the sign-out button).
+func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
+	if err := r.ParseForm(); err != nil || !c.csrfOK(r) {
+		c.refuse(w, r, http.StatusForbidden, "missing or invalid CSRF field: reload the page and try again")
+		return
+	}
+	who := c.actor(r)
+	c.endSession(r)
+	c.setCookie(w, r, sessionCookie, "", -1)
+	c.log.InfoContext(r.Context(), "console: signed out", "actor", who)
+	http.Redirect(w, r, prefixOf(r)+"/login", http.StatusSeeOther)
 }
 
 // chart is the backlog chart: an SVG polyline over the samples.
@@ -254,7 +285,7 @@ func backTo(r *http.Request, def string) string {
 
 func (c *Console) requeue(r *http.Request) (string, string, error) {
 	id, reason := r.PostFormValue("id"), r.PostFormValue("reason")
-	who := actor(r)
+	who := c.actor(r)
 	err := c.admin.Requeue(r.Context(), id, outbox.Action{Actor: who, Reason: reason})
 	c.logAction(r.Context(), "requeue", who, id, reason, err)
 	if err != nil {
@@ -265,7 +296,7 @@ func (c *Console) requeue(r *http.Request) (string, string, error) {
 
 func (c *Console) discard(r *http.Request) (string, string, error) {
 	id, reason := r.PostFormValue("id"), r.PostFormValue("reason")
-	who := actor(r)
+	who := c.actor(r)
 	err := c.admin.Discard(r.Context(), id, outbox.Action{Actor: who, Reason: reason})
 	c.logAction(r.Context(), "discard", who, id, reason, err)
 	if err != nil {
@@ -373,16 +404,45 @@ func (c *Console) keysPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) releaseKey(r *http.Request) (string, string, error) {
+	return c.keyAction(r, false)
+}
+
+func (c *Console) forgetKey(r *http.Request) (string, string, error) {
+	return c.keyAction(r, true)
+}
+
+// keyAction releases (or forgets) the claim the page showed: its fence is
+// the form's hidden field, so a retry that took the key over since is left
+// alone; a live lease needs the force box.
+func (c *Console) keyAction(r *http.Request, forget bool) (string, string, error) {
 	p, m, route, key := r.PostFormValue("principal"), strings.ToUpper(r.PostFormValue("method")), r.PostFormValue("route"), r.PostFormValue("key")
 	back := "/keys?" + url.Values{"principal": {p}, "method": {m}, "route": {route}, "key": {key}}.Encode()
-	who := actor(r)
-	subject := fmt.Sprintf("%x", idempotency.HashKey(p, m, route, key))[:16]
-	err := c.keys.ForceRelease(r.Context(), idempotency.HashKey(p, m, route, key))
-	c.logAction(r.Context(), "release-key", who, subject, r.PostFormValue("reason"), err)
-	if err != nil {
-		return back, "", err
+	fence, err := strconv.ParseInt(r.PostFormValue("fence"), 10, 64)
+	if err != nil || fence <= 0 {
+		return back, "", errors.New("the form carries no fence: look the key up again")
 	}
-	return back, "released: the next request with the same body runs the handler again", nil
+	reason := strings.TrimSpace(r.PostFormValue("reason"))
+	if reason == "" {
+		return back, "", errors.New("a reason is required: it is recorded with the action")
+	}
+	who := c.actor(r)
+	hash := idempotency.HashKey(p, m, route, key)
+	op := idempotency.AdminAction{Fence: fence, Force: r.PostFormValue("force") == "on", Actor: who, Reason: reason}
+	action, done := "release-key", fmt.Sprintf("released the claim of fence %d: the next request with the same body runs the handler again", fence)
+	if forget {
+		action, done = "forget-key", fmt.Sprintf("forgot the record of fence %d: the next request with the key runs the handler again", fence)
+		err = c.keys.Forget(r.Context(), hash, op)
+	} else {
+		err = c.keys.ForceRelease(r.Context(), hash, op)
+	}
+	c.logAction(r.Context(), action, who, idempotency.KeyHashHex(hash)[:16], reason, err)
+	if errors.Is(err, idempotency.ErrLeaseLive) {
+		return back, "", fmt.Errorf("%w: its handler may still run; nothing changed (tick force to act anyway)", err)
+	}
+	if err != nil {
+		return back, "", fmt.Errorf("%w; nothing changed", err)
+	}
+	return back, done, nil
 }
 
 func (c *Console) inboxPage(w http.ResponseWriter, r *http.Request) {
@@ -429,7 +489,7 @@ func (c *Console) redrive(r *http.Request) (string, string, error) {
 	if !known {
 		return "/dlq", "", fmt.Errorf("%q is not one of the console's dead-letter topics", from)
 	}
-	who := actor(r)
+	who := c.actor(r)
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Minute)
 	defer cancel()
 	rep, err := c.cfg.DLQ.Redrive(ctx, kafka.RedriveOptions{From: from, FilterError: filter})

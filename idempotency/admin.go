@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/idempotency/internal/dbsqlc"
 )
 
 // Errors of the operator functions. Use errors.Is.
@@ -20,7 +22,44 @@ var (
 	// by a two-step request (completed, released, or held by a
 	// transaction, which only ends with that transaction).
 	ErrKeyNotInProgress = errors.New("idempotency: key is not claimed by a two-step request")
+	// ErrClaimChanged: the key's record is not the one the operator was
+	// shown (AdminAction.Fence): another request took the claim over, or
+	// completed it, since. Nothing was changed; inspect the key again.
+	ErrClaimChanged = errors.New("idempotency: the key's claim is not the one shown")
+	// ErrLeaseLive: the claim's lease is live, so its handler may still be
+	// running; nothing was changed. Release it only when that handler is
+	// known to be gone (AdminAction.Force).
+	ErrLeaseLive = errors.New("idempotency: the claim's lease is live")
+	// ErrAuditRequired: an AdminAction without an Actor or a Reason.
+	ErrAuditRequired = errors.New("idempotency: an operator action needs an actor and a reason")
 )
+
+// AdminAction is what ForceRelease and Forget act on and who asks.
+type AdminAction struct {
+	// Fence is the fence of the record the operator was shown
+	// (KeyRecord.Fence): the action applies to that record only, never to
+	// a claim that took the key over since. Required.
+	Fence int64
+	// Force releases (or deletes) a claim whose lease is still live.
+	Force bool
+	// Actor and Reason are recorded in the idem_admin_audit table by the
+	// same statement as the action. Both are required.
+	Actor, Reason string
+}
+
+func (a AdminAction) check() error {
+	if strings.TrimSpace(a.Actor) == "" || strings.TrimSpace(a.Reason) == "" {
+		return ErrAuditRequired
+	}
+	if a.Fence <= 0 {
+		return fmt.Errorf("%w: no fence given (inspect the key and pass the fence shown)", ErrClaimChanged)
+	}
+	return nil
+}
+
+// KeyHashHex names a key in the audit trail and the logs: the hex of its
+// hash, never the key or its principal.
+func KeyHashHex(key KeyHash) string { return fmt.Sprintf("%x", key[:]) }
 
 // KeyRecord is what an operator may see of one key. The key and the
 // principal are never stored: the record is found by their hash.
@@ -82,40 +121,73 @@ func (s *PostgresStore) Inspect(ctx context.Context, key KeyHash) (*KeyRecord, e
 	return rec, nil
 }
 
-// ForceRelease frees a key claimed by a two-step request, whatever its
-// lease, so that the next request with the same fingerprint runs the
-// handler at once. The claim's handler, if it still runs, is fenced out:
-// it can neither store its response nor release the new owner's claim.
-// Do it only when that handler is known to be gone or harmless to
-// repeat. It returns ErrKeyNotFound, or ErrKeyNotInProgress for a key
-// that is completed, released or held by a transaction (end that
-// transaction instead: KeyRecord.HolderPID names its backend).
-func (s *PostgresStore) ForceRelease(ctx context.Context, key KeyHash) error {
-	n, err := s.q.ForceRelease(ctx, key[:])
+// ForceRelease frees the two-step claim of key whose fence is a.Fence,
+// so that the next request with the same fingerprint runs the handler at
+// once. The claim's handler, if it still runs, is fenced out: it can
+// neither store its response nor release the new owner's claim. A claim
+// whose lease is live is released only with a.Force: do it only when that
+// handler is known to be gone or harmless to repeat. The action and its
+// actor and reason are recorded in idem_admin_audit in the same statement.
+//
+// It returns ErrAuditRequired, ErrKeyNotFound, ErrClaimChanged (the key
+// holds another fence now: a retry took the claim over, or completed it),
+// ErrLeaseLive, or ErrKeyNotInProgress for a key that is completed,
+// released or held by a transaction (end that transaction instead:
+// KeyRecord.HolderPID names its backend).
+func (s *PostgresStore) ForceRelease(ctx context.Context, key KeyHash, a AdminAction) error {
+	if err := a.check(); err != nil {
+		return err
+	}
+	n, err := s.q.ReleaseClaim(ctx, dbsqlc.ReleaseClaimParams{KeyHash: key[:], Fence: a.Fence, Force: a.Force,
+		Subject: KeyHashHex(key), Actor: a.Actor, Reason: a.Reason})
 	if err != nil {
 		return fmt.Errorf("idempotency: release: %w", err)
 	}
 	if n == 1 {
 		return nil
 	}
-	if _, err := s.Inspect(ctx, key); err != nil {
+	rec, err := s.Inspect(ctx, key)
+	switch {
+	case err != nil:
 		return err
+	case rec.State == "in_transaction":
+		return ErrKeyNotInProgress
+	case rec.Fence != a.Fence:
+		return fmt.Errorf("%w: it holds fence %d now, not %d (state %s)", ErrClaimChanged, rec.Fence, a.Fence, rec.State)
+	case rec.State != "claimed":
+		return ErrKeyNotInProgress
 	}
-	return ErrKeyNotInProgress
+	return ErrLeaseLive
 }
 
-// Forget deletes a key's record (a response stored by a bug, say): the
-// next request with the key runs the handler again. It returns
-// ErrKeyNotFound if there was none.
-func (s *PostgresStore) Forget(ctx context.Context, key KeyHash) error {
-	n, err := s.q.ForgetKey(ctx, key[:])
+// Forget deletes the record of key whose fence is a.Fence (a response
+// stored by a bug, say): the next request with the key runs the handler
+// again, on every instance within Config.ReplayCacheTTL. A claim whose
+// lease is live is deleted only with a.Force. The action is recorded in
+// idem_admin_audit in the same statement. It returns ErrAuditRequired,
+// ErrKeyNotFound, ErrClaimChanged or ErrLeaseLive, changing nothing.
+func (s *PostgresStore) Forget(ctx context.Context, key KeyHash, a AdminAction) error {
+	if err := a.check(); err != nil {
+		return err
+	}
+	n, err := s.q.ForgetRecord(ctx, dbsqlc.ForgetRecordParams{KeyHash: key[:], Fence: a.Fence, Force: a.Force,
+		Subject: KeyHashHex(key), Actor: a.Actor, Reason: a.Reason})
 	if err != nil {
 		return fmt.Errorf("idempotency: forget: %w", err)
 	}
-	if n == 0 {
-		return ErrKeyNotFound
+	if n == 1 {
+		return nil
 	}
-	return nil
+	rec, err := s.Inspect(ctx, key)
+	switch {
+	case err != nil:
+		return err
+	case rec.State == "in_transaction":
+		return ErrKeyNotInProgress
+	case rec.Fence != a.Fence:
+		return fmt.Errorf("%w: it holds fence %d now, not %d (state %s)", ErrClaimChanged, rec.Fence, a.Fence, rec.State)
+	}
+	return ErrLeaseLive
 }
 
 // RequestFingerprint is the fingerprint the middleware computes for a

@@ -8,10 +8,11 @@ import (
 
 // replayCache keeps recently replayed completed records in process memory,
 // bounded by bytes, so that a retry storm on completed keys does not reach
-// the store. It is safe because a completed record never changes before it
-// expires: an entry lives no longer than the record's remaining retention
-// as the store reported it (in the store's clock), and a purge deletes only
-// expired records.
+// the store. A completed record changes before it expires only when an
+// operator forgets it; an entry lives no longer than Config.ReplayCacheTTL
+// (and the record's remaining retention as the store reported it), so a
+// Forget reaches every instance within that TTL, after which the store's
+// answer is authoritative.
 type replayCache struct {
 	mu    sync.Mutex
 	max   int64

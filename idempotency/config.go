@@ -47,6 +47,10 @@ const (
 	PurgeIntervalDefault     = time.Minute
 	PurgeBatchSizeDefault    = 500
 	ReplayCacheBytesDefault  = 8 << 20
+	// ReplayCacheTTLDefault bounds how long a cached replay is served
+	// without asking the store: an operator's Forget reaches every
+	// instance within it.
+	ReplayCacheTTLDefault = 2 * time.Second
 )
 
 // MethodsDefault are the methods the middleware guards by default.
@@ -135,6 +139,13 @@ type Config struct {
 	// expire). Negative disables the cache. Defaults to
 	// ReplayCacheBytesDefault (8 MiB).
 	ReplayCacheBytes int64
+
+	// ReplayCacheTTL bounds the life of a replay cache entry: after it the
+	// store is asked again, and its answer is authoritative. It is how long
+	// a key forgotten by an operator (PostgresStore.Forget, `idem keys
+	// release --forget`) may still be replayed by an instance that cached
+	// it. Defaults to ReplayCacheTTLDefault (2s).
+	ReplayCacheTTL time.Duration
 
 	// FingerprintHeaders are request headers included in the fingerprint.
 	// Defaults to none.
@@ -245,6 +256,9 @@ func newConfig(c *Config) (*config, error) {
 	if cc.ReplayCacheBytes == 0 {
 		cc.ReplayCacheBytes = ReplayCacheBytesDefault
 	}
+	if cc.ReplayCacheTTL == 0 {
+		cc.ReplayCacheTTL = ReplayCacheTTLDefault
+	}
 	if cc.StoreStatus == nil {
 		cc.StoreStatus = DefaultStoreStatus
 	}
@@ -294,6 +308,8 @@ func (c *config) validate() error {
 		return invalidf("Config.MismatchStatus %d: want 409 or 422", c.MismatchStatus)
 	case c.Wait < 0:
 		return invalidf("Config.Wait %s is negative", c.Wait)
+	case c.ReplayCacheTTL < 0:
+		return invalidf("Config.ReplayCacheTTL %s is negative", c.ReplayCacheTTL)
 	case c.MaxRequestBody < 0:
 		return invalidf("Config.MaxRequestBody %d is negative", c.MaxRequestBody)
 	case c.MaxBodyDepth < 0 || c.MaxBodyDepth > maxBodyDepthLimit:

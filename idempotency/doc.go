@@ -17,7 +17,9 @@
 //   - a stored response (2xx and definitive 4xx) is replayed with its status,
 //     body and allow-listed headers, plus Idempotent-Replayed: true; repeated
 //     replays come from a bounded in-process cache (Config.ReplayCacheBytes),
-//     never past the record's retention, as a completed record never changes;
+//     each entry for at most Config.ReplayCacheTTL (2s) and never past the
+//     record's retention, so that an operator's Forget reaches every
+//     instance within that TTL;
 //   - a key reused with a different request (method, path, canonical body)
 //     gets IDEMPOTENCY_KEY_REUSED (409, or 422 by config), even while the
 //     first is in progress (in ModeTransactional: once the first has

@@ -232,7 +232,7 @@ func (m *Middleware) answer(w http.ResponseWriter, rq *request, res ClaimResult,
 	}
 	switch res.Outcome {
 	case OutcomeCompleted:
-		m.cache.put(rq.claim.Key, rq.claim.Fingerprint, res.Response, res.ExpiresIn, time.Now())
+		m.cache.put(rq.claim.Key, rq.claim.Fingerprint, res.Response, min(res.ExpiresIn, m.cfg.ReplayCacheTTL), time.Now())
 		e.Kind, e.Status = EventReplay, res.Response.Status
 		m.hook(rq, e)
 		writeResponse(w, res.Response, true)

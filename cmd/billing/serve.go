@@ -63,7 +63,15 @@ Environment:
   HTTP_IDLE_TIMEOUT   an idle keep-alive connection is closed after it (default 60s)
   HTTP_MAX_HEADER_BYTES  bound on the request line and headers (default 65536)
   HTTP_MAX_CONNS      open connections per listener; beyond it a connection is
-                      answered 503 at once and closed (default 512)
+                      answered 503 at once and closed (default 512); near
+                      full, the longest idle keep-alive is closed to make room
+  HTTP_MAX_CONNS_PER_CLIENT  open connections of one client address (default
+                      half of HTTP_MAX_CONNS; behind a load balancer, raise
+                      it to HTTP_MAX_CONNS)
+  HTTP_MAX_REQUESTS_PER_CONN  a keep-alive connection is closed after that
+                      many requests (default 1000)
+  HTTP_MAX_CONN_AGE   a connection is closed after its first request past
+                      that age (default 10m)
   KAFKA_SESSION_TIMEOUT     consumer group session timeout: how long a killed
                             instance keeps its partitions (default 10s; the
                             broker allows 6s..30m by default)

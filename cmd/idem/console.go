@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -30,11 +32,15 @@ with requeue and discard), idempotency keys (lookup, release), the inbox
 (processed events per consumer) and, with KAFKA_BROKERS and --dlq-topics,
 dead-letter topics (records, redrive).
 
-It listens on loopback by default. Any other address needs
-IDEM_CONSOLE_TOKEN: every request then needs the token (the login form sets
-a cookie; scripts send "Authorization: Bearer TOKEN"). State changes are
-POSTs with a CSRF field; each is recorded in the outbox row's audit trail
-and logged to stderr. DATABASE_URL selects the database.`
+It listens on loopback by default, and always needs a token: set
+IDEM_CONSOLE_TOKEN (at least 16 characters; required for any address but
+loopback), or a random one is made at start and printed once on stderr,
+with a link that fills in the login form. Every request needs the token:
+the login form (with your name, recorded with every action) starts a
+session that expires after --session-ttl; scripts send "Authorization:
+Bearer TOKEN". State changes are POSTs with a CSRF field; each is recorded
+in the outbox row's audit trail or the idem_admin_audit table and logged to
+stderr. DATABASE_URL selects the database.`
 
 const consoleAddrDefault = "127.0.0.1:8099"
 
@@ -43,6 +49,7 @@ func runConsole(ctx context.Context, args []string) error {
 	addr := fs.String("addr", consoleAddrDefault, "listen address (anything but loopback needs IDEM_CONSOLE_TOKEN)")
 	topics := fs.String("dlq-topics", "", "comma list of dead-letter topics to show (needs KAFKA_BROKERS)")
 	interval := fs.Duration("sample-interval", console.SampleIntervalDefault, "how often the backlog chart is sampled")
+	sessionTTL := fs.Duration("session-ttl", console.SessionTTLDefault, "how long a sign-in lasts")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -51,6 +58,9 @@ func runConsole(ctx context.Context, args []string) error {
 	}
 	if *interval <= 0 {
 		return cli.Usagef("--sample-interval must be positive")
+	}
+	if *sessionTTL <= 0 {
+		return cli.Usagef("--session-ttl must be positive")
 	}
 	token := os.Getenv("IDEM_CONSOLE_TOKEN")
 	host, _, err := net.SplitHostPort(*addr)
@@ -65,7 +75,17 @@ func runConsole(ctx context.Context, args []string) error {
 	if token != "" && len(token) < 16 {
 		return cli.Usagef("IDEM_CONSOLE_TOKEN is shorter than 16 characters")
 	}
-	cfg := &console.Config{Token: token, SampleInterval: *interval, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	generated := token == ""
+	if generated {
+		// Never a console without a token: any local user could act
+		// through it with the operator's database rights.
+		b := make([]byte, 24)
+		if _, err := rand.Read(b); err != nil {
+			return fmt.Errorf("console token: %w", err)
+		}
+		token = hex.EncodeToString(b)
+	}
+	cfg := &console.Config{Token: token, SampleInterval: *interval, SessionTTL: *sessionTTL, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
 	if *topics != "" {
 		brokers := os.Getenv("KAFKA_BROKERS")
 		if brokers == "" {
@@ -98,12 +118,12 @@ func runConsole(ctx context.Context, args []string) error {
 		return err
 	}
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(httpserver.LimitListener(ln, hc.MaxConns)) }()
-	auth := "no token: loopback only"
-	if token != "" {
-		auth = "token required"
+	go func() { served <- srv.Serve(hc.Limit(ln)) }()
+	fmt.Printf("idem console listening on http://%s/ (token required)\n", ln.Addr())
+	if generated {
+		fmt.Fprintf(os.Stderr, "idem console: no IDEM_CONSOLE_TOKEN set: this run's token is %s\n"+
+			"    sign in at http://%s/login?token=%s\n", token, ln.Addr(), token)
 	}
-	fmt.Printf("idem console listening on http://%s/ (%s)\n", ln.Addr(), auth)
 
 	select {
 	case err := <-served:

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -106,6 +107,7 @@ func TestConsoleBadInput(t *testing.T) {
 		{nil, []string{"console", "--addr", "nonsense"}, 2, "--addr"},
 		{[]string{"IDEM_CONSOLE_TOKEN=short"}, []string{"console"}, 2, "shorter than 16"},
 		{nil, []string{"console", "--sample-interval", "0s"}, 2, "--sample-interval"},
+		{nil, []string{"console", "--session-ttl", "0s"}, 2, "--session-ttl"},
 		{nil, []string{"console", "--dlq-topics", "x.dlq"}, 2, "needs KAFKA_BROKERS"},
 		{nil, []string{"console", "extra"}, 2, "unexpected argument"},
 	}
@@ -176,6 +178,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	err := chromedp.Do(bctx,
 		chromedp.Navigate(p.url+"/outbox"), // redirected to the login form
 		chromedp.WaitVisible(css(`#token`)),
+		chromedp.SendKeys(css(`#name`), "erin"),
 		chromedp.SendKeys(css(`#token`), consoleToken),
 		chromedp.Click(css(`#signin`)),
 		chromedp.WaitVisible(css(`#dead-a-1`)),
@@ -216,7 +219,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("after the click: flash %q, dead count %q", flash, countDead)
 	}
 	e, err := outbox.NewAdmin(db.Pool).Show(context.Background(), "a-1")
-	if err != nil || e.Status != "PENDING" || len(e.Audit) != 1 || !strings.HasPrefix(e.Audit[0].Actor, "console@127.0.0.1") ||
+	if err != nil || e.Status != "PENDING" || len(e.Audit) != 1 || !strings.HasPrefix(e.Audit[0].Actor, "erin (console session ") ||
 		e.Audit[0].Reason != "max.message.bytes raised" {
 		t.Fatalf("after the click: %+v %v", e, err)
 	}
@@ -252,4 +255,50 @@ func saveScreenshot(t *testing.T, png []byte) {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot: %s", path)
+}
+
+// Without IDEM_CONSOLE_TOKEN the console still needs a token: it makes a
+// random one, prints it once on stderr with a sign-in link, and refuses
+// every request without it (on main a tokenless console served any local
+// user).
+func TestConsoleGeneratesToken(t *testing.T) {
+	t.Parallel()
+	_, env := deadSetup(t)
+	p := startConsole(t, append(env, "IDEM_CONSOLE_TOKEN="), "--addr", "127.0.0.1:0")
+	tokenRe := regexp.MustCompile(`this run's token is ([0-9a-f]{48})\n\s+sign in at (http://\S+/login\?token=[0-9a-f]{48})`)
+	var m []string
+	for deadline := time.Now().Add(20 * time.Second); m == nil; {
+		if m = tokenRe.FindStringSubmatch(p.stderr.String()); m == nil && time.Now().After(deadline) {
+			t.Fatalf("no token printed:\n%s", p.stderr.String())
+		}
+		if m == nil {
+			time.Sleep(10 * time.Millisecond) // polling the child's stderr
+		}
+	}
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	get := func(path, token string) int {
+		req, _ := http.NewRequest(http.MethodGet, p.url+path, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get("/outbox", ""); code != http.StatusSeeOther {
+		t.Errorf("page without the token: %d, want a redirect to the login", code)
+	}
+	if code := get("/outbox", m[1]); code != http.StatusOK {
+		t.Errorf("page with the printed token: %d", code)
+	}
+	if !strings.HasPrefix(m[2], p.url+"/login?token=") {
+		t.Errorf("sign-in link %s, console at %s", m[2], p.url)
+	}
+	if strings.Count(p.stderr.String(), m[1]) != 2 { // the token and the link, once
+		t.Errorf("the token is printed %d times", strings.Count(p.stderr.String(), m[1]))
+	}
 }

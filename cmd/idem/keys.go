@@ -34,6 +34,11 @@ or, without one, the request path.
            with the same body runs the handler again, and the stuck
            handler, if it still runs, can no longer store its answer.
            --forget deletes the record instead (a completed key too).
+           --fence N (required) is the fence that show printed: release
+           acts on that claim only, never on a retry that took the key
+           over since. A live lease is refused unless --force. --reason
+           (required) and --actor (default: the OS user, with a warning)
+           are recorded in the idem_admin_audit table and on stderr.
 
 DATABASE_URL selects the database.`
 
@@ -154,6 +159,9 @@ func runKeysShow(ctx context.Context, args []string) error {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "state\t%s\n", rec.State)
 	fmt.Fprintf(tw, "in progress\t%v\n", rec.InProgress)
+	if rec.Fence != 0 {
+		fmt.Fprintf(tw, "fence\t%d\n", rec.Fence)
+	}
 	if rec.HolderPID != 0 {
 		fmt.Fprintf(tw, "held by\tthe open transaction of backend %d\n", rec.HolderPID)
 	}
@@ -189,6 +197,10 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 func runKeysRelease(ctx context.Context, args []string) error {
 	fs, kf := keyFlagSet("release")
 	forget := fs.Bool("forget", false, "delete the record (also a completed one): the next request runs the handler again")
+	fence := fs.Int64("fence", 0, "the fence that `idem keys show` printed: act on that claim only (required)")
+	force := fs.Bool("force", false, "release (or forget) a claim whose lease is still live")
+	who := fs.String("actor", "", "who acts, for the audit trail (default: the OS user)")
+	reason := fs.String("reason", "", "why, for the audit trail (required)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
@@ -200,19 +212,28 @@ func runKeysRelease(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *fence <= 0 {
+		return cli.Usagef("--fence is required: run idem keys show and pass the fence it prints")
+	}
+	actor, err := auditActor(*who, *reason)
+	if err != nil {
+		return err
+	}
 	pool, err := cli.Connect(ctx, cli.DatabaseURL())
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	store := idempotency.NewPostgresStore(pool)
-	action := "released"
+	op := idempotency.AdminAction{Fence: *fence, Force: *force, Actor: actor, Reason: *reason}
+	action, name := "released", "keys.release"
 	if *forget {
-		action = "forgotten"
-		err = store.Forget(ctx, key)
+		action, name = "forgotten", "keys.forget"
+		err = store.Forget(ctx, key, op)
 	} else {
-		err = store.ForceRelease(ctx, key)
+		err = store.ForceRelease(ctx, key, op)
 	}
+	logAudit(name, idempotency.KeyHashHex(key), actor, *reason, err)
 	if errors.Is(err, idempotency.ErrKeyNotInProgress) {
 		if rec, ierr := store.Inspect(ctx, key); ierr == nil && rec.HolderPID != 0 {
 			return fmt.Errorf("%w: it is held by the open transaction of backend %d (pg_terminate_backend(%d) ends it)", err, rec.HolderPID, rec.HolderPID)
@@ -220,12 +241,18 @@ func runKeysRelease(ctx context.Context, args []string) error {
 			return fmt.Errorf("%w: it is %s (--forget deletes it)", err, rec.State)
 		}
 	}
+	if errors.Is(err, idempotency.ErrLeaseLive) {
+		return fmt.Errorf("%w: its handler may still run; nothing changed (--force releases it anyway)", err)
+	}
+	if errors.Is(err, idempotency.ErrClaimChanged) {
+		return fmt.Errorf("%w; nothing changed (run idem keys show again)", err)
+	}
 	if err != nil {
 		return err
 	}
 	if *kf.asJSON {
-		return printJSON(map[string]string{"result": action})
+		return printJSON(map[string]any{"result": action, "fence": *fence, "actor": actor})
 	}
-	fmt.Println(action)
+	fmt.Printf("%s the claim of fence %d (recorded as %s)\n", action, *fence, actor)
 	return nil
 }

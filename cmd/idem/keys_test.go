@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -33,9 +34,30 @@ func TestKeysShowRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	stuck := idempotency.HashKey("alice", "POST", route, "k-stuck")
-	if _, err := store.Claim(ctx, idempotency.Claim{Key: stuck, Fingerprint: fp, Lease: time.Hour, Retention: time.Hour}); err != nil {
+	stuckRes, err := store.Claim(ctx, idempotency.Claim{Key: stuck, Fingerprint: fp, Lease: time.Hour, Retention: time.Hour})
+	if err != nil {
 		t.Fatal(err)
 	}
+	// k-taken: its first claim's lease ran out and a retry took it over.
+	taken := idempotency.HashKey("alice", "POST", route, "k-taken")
+	first, err := store.Claim(ctx, idempotency.Claim{Key: taken, Fingerprint: fp, Lease: time.Millisecond, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		r, err := store.Claim(ctx, idempotency.Claim{Key: taken, Fingerprint: fp, Lease: time.Hour, Retention: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Outcome == idempotency.OutcomeTookOver {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no takeover: %v", r.Outcome)
+		}
+	}
+	fence := func(n int64) []string { return []string{"--fence", strconv.FormatInt(n, 10)} }
+	audit := []string{"--actor", "ops-test", "--reason", "stuck after deploy"}
 	env := []string{"DATABASE_URL=" + db.URL}
 	parts := func(key string, more ...string) []string {
 		return append([]string{"--principal", "alice", "--route", route, "--key", key}, more...)
@@ -85,9 +107,14 @@ func TestKeysShowRelease(t *testing.T) {
 		{append([]string{"keys", "show"}, parts("k-done", "--path", "nopath", "--body", "{}")...), 2, "does not start with /"},
 		{append([]string{"keys", "show"}, parts("k-none")...), 1, "key not found"},
 		{[]string{"keys", "show", "--principal", "bob", "--route", route, "--key", "k-done"}, 1, "key not found"},
-		{append([]string{"keys", "release"}, parts("k-done")...), 1, "it is completed (--forget deletes it)"},
-		{append([]string{"keys", "release"}, parts("k-none")...), 1, "key not found"},
+		{append([]string{"keys", "release"}, parts("k-done", append(fence(res.Fence), audit...)...)...), 1, "it is completed (--forget deletes it)"},
+		{append([]string{"keys", "release"}, parts("k-none", append(fence(1), audit...)...)...), 1, "key not found"},
 		{append([]string{"keys", "release"}, parts("k-done", "extra")...), 2, "unexpected argument"},
+		{append([]string{"keys", "release"}, parts("k-stuck", audit...)...), 2, "--fence is required"},
+		{append([]string{"keys", "release"}, parts("k-stuck", append(fence(stuckRes.Fence), "--actor", "x")...)...), 2, "--reason is required"},
+		{append([]string{"keys", "release"}, parts("k-stuck", append(fence(stuckRes.Fence), audit...)...)...), 1, "lease is live"},
+		{append([]string{"keys", "release", "--force"}, parts("k-taken", append(fence(first.Fence), audit...)...)...), 1, "not the one shown"},
+		{append([]string{"keys", "release", "--forget", "--force"}, parts("k-taken", append(fence(first.Fence), audit...)...)...), 1, "not the one shown"},
 	}
 	for _, tt := range testCases {
 		_, stderr, code := runIdem(t, env, tt.args...)
@@ -96,14 +123,23 @@ func TestKeysShowRelease(t *testing.T) {
 		}
 	}
 
-	if stdout, stderr, code := runIdem(t, env, append([]string{"keys", "release"}, parts("k-stuck")...)...); code != 0 || stdout != "released\n" {
+	if rec, err := store.Inspect(ctx, taken); err != nil || rec.Fence == first.Fence || !rec.InProgress {
+		t.Fatalf("the retry's claim after the refused releases: %+v %v", rec, err)
+	}
+	stdout, stderr, code = runIdem(t, env, append([]string{"keys", "release", "--force", "--reason", "handler gone"}, parts("k-stuck", fence(stuckRes.Fence)...)...)...)
+	if code != 0 || !strings.HasPrefix(stdout, "released the claim of fence ") || !strings.Contains(stderr, "warning: no --actor given") || !strings.Contains(stderr, "action=keys.release") {
 		t.Fatalf("release: exit %d %q %q", code, stdout, stderr)
 	}
 	if r, err := store.Claim(ctx, idempotency.Claim{Key: stuck, Fingerprint: fp, Lease: time.Hour, Retention: time.Hour}); err != nil || r.Outcome != idempotency.OutcomeClaimed {
 		t.Errorf("claim after release: %v %v", r.Outcome, err)
 	}
-	if _, _, code := runIdem(t, env, append([]string{"keys", "release", "--forget"}, parts("k-done")...)...); code != 0 {
-		t.Fatalf("forget: exit %d", code)
+	if _, stderr, code := runIdem(t, env, append([]string{"keys", "release", "--forget"}, parts("k-done", append(fence(res.Fence), audit...)...)...)...); code != 0 {
+		t.Fatalf("forget: exit %d %s", code, stderr)
+	}
+	var n int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM idem_admin_audit WHERE (action = 'keys.forget' AND actor = 'ops-test' AND reason = 'stuck after deploy')
+		OR (action = 'keys.release' AND reason = 'handler gone' AND actor <> '')`).Scan(&n); err != nil || n != 2 {
+		t.Errorf("audit rows: %d %v", n, err)
 	}
 	if _, err := store.Inspect(ctx, done); err != idempotency.ErrKeyNotFound {
 		t.Errorf("after forget: %v", err)

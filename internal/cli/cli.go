@@ -128,10 +128,30 @@ func HideURL(raw string) {
 	hidden.urls = append(hidden.urls, raw)
 }
 
+// SecretURLEnv are the variables whose URLs Run always hides: the
+// database, NATS, Redis and the idempotency store's.
+var SecretURLEnv = []string{"DATABASE_URL", "NATS_URL", "REDIS_URL", "IDEMPOTENCY_STORE"}
+
 func hiddenURLs() []string {
 	hidden.mu.Lock()
 	defer hidden.mu.Unlock()
-	return append([]string{os.Getenv("DATABASE_URL")}, hidden.urls...)
+	var out []string
+	for _, name := range SecretURLEnv {
+		out = append(out, splitURLList(os.Getenv(name))...)
+	}
+	for _, u := range hidden.urls {
+		out = append(out, splitURLList(u)...)
+	}
+	return out
+}
+
+// splitURLList splits a comma list of URLs (NATS_URL may name several
+// servers) into its URLs; anything else is returned whole.
+func splitURLList(s string) []string {
+	if !strings.Contains(s, ",") || !strings.Contains(s, "://") {
+		return []string{s}
+	}
+	return append(strings.Split(s, ","), s)
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
@@ -290,7 +310,33 @@ func Redact(raw string) string {
 	}
 	// A fragment is never sent anywhere, and one can hold anything.
 	u.Fragment, u.RawFragment = "", ""
+	if u.User != nil {
+		if _, hasPW := u.User.Password(); !hasPW && tokenScheme(u.Scheme) && u.User.Username() != "" {
+			u.User = url.User(redacted) // nats://TOKEN@host: the user is the secret
+		}
+	}
 	return u.Redacted()
+}
+
+// tokenScheme is a scheme whose bare user-info is a secret token (NATS).
+func tokenScheme(scheme string) bool {
+	switch strings.ToLower(scheme) {
+	case "nats", "tls", "ws", "wss":
+		return true
+	}
+	return false
+}
+
+// RedactList is Redact over a comma list of URLs (NATS_URL's form).
+func RedactList(raw string) string {
+	if !strings.Contains(raw, ",") || !strings.Contains(raw, "://") {
+		return Redact(raw)
+	}
+	parts := strings.Split(raw, ",")
+	for i, p := range parts {
+		parts[i] = Redact(strings.TrimSpace(p))
+	}
+	return strings.Join(parts, ",")
 }
 
 // Scrub returns s with every secret of the URLs raws hidden: each URL as a
@@ -339,6 +385,8 @@ func secretsOf(raw string) []string {
 		if slash := strings.IndexAny(rest, "/?#"); slash < 0 || slash > at {
 			if _, pw, ok := strings.Cut(rest[:at], ":"); ok && pw != "" {
 				add(pw, url.PathUnescape)
+			} else if !ok && rest[:at] != "" && tokenScheme(raw[:strings.Index(raw, "://")]) {
+				add(rest[:at], url.PathUnescape)
 			}
 		}
 	}

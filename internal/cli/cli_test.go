@@ -165,3 +165,30 @@ func FuzzRedact(f *testing.F) {
 		}
 	})
 }
+
+// NATS URLs: a password, a bare token (nats://TOKEN@host) and each URL of
+// a comma list are hidden by Redact, RedactList and Scrub.
+func TestRedactNATS(t *testing.T) {
+	t.Parallel()
+	const secret = "pw-hunter2"
+	for _, raw := range []string{
+		"nats://billing:" + secret + "@127.0.0.1:4222",
+		"nats://" + secret + "@127.0.0.1:4222",
+		"tls://" + secret + "@nats.internal:4222",
+	} {
+		if got := cli.Redact(raw); strings.Contains(got, secret) || !strings.Contains(got, "127.0.0.1:4222") && !strings.Contains(got, "nats.internal") {
+			t.Errorf("Redact(%q) = %q", raw, got)
+		}
+		msg := "billing: create stream X on " + raw + ": nats: timeout (user " + secret + ")"
+		if got := cli.Scrub(msg, raw); strings.Contains(got, secret) {
+			t.Errorf("Scrub: %q", got)
+		}
+	}
+	list := "nats://a:" + secret + "@h1:4222,nats://h2:4222"
+	if got := cli.RedactList(list); strings.Contains(got, secret) || !strings.Contains(got, "h2:4222") {
+		t.Errorf("RedactList = %q", got)
+	}
+	if got := cli.Redact("redis://alice@h:6379/0"); !strings.Contains(got, "alice") {
+		t.Errorf("a Redis user name is not a secret: %q", got)
+	}
+}

@@ -15,6 +15,7 @@ package httpserver
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -52,6 +53,12 @@ const (
 	MaxHeaderBytesDefault = 64 << 10
 	// MaxConnsDefault bounds the open connections of one listener.
 	MaxConnsDefault = 512
+	// MaxRequestsPerConnDefault: after this many requests a keep-alive
+	// connection is closed (the answer says Connection: close).
+	MaxRequestsPerConnDefault = 1000
+	// MaxConnAgeDefault: a connection older than this is closed after its
+	// current request.
+	MaxConnAgeDefault = 10 * time.Minute
 )
 
 // ErrInvalidConfig is a Config that WithDefaults refuses.
@@ -82,6 +89,20 @@ type Config struct {
 	// LimitListener for the ones beyond it. Defaults to MaxConnsDefault
 	// (512).
 	MaxConns int
+	// MaxConnsPerClient bounds the connections of one client address
+	// (HTTP_MAX_CONNS_PER_CLIENT), so that one client cannot hold every
+	// slot. Behind a load balancer, whose connections all come from a few
+	// addresses, raise it to MaxConns. Defaults to half of MaxConns (at
+	// least 1).
+	MaxConnsPerClient int
+	// MaxRequestsPerConn closes a keep-alive connection after that many
+	// requests (HTTP_MAX_REQUESTS_PER_CONN). Defaults to
+	// MaxRequestsPerConnDefault (1000).
+	MaxRequestsPerConn int
+	// MaxConnAge closes a connection after the first request that ends
+	// past that age (HTTP_MAX_CONN_AGE). Defaults to MaxConnAgeDefault
+	// (10m).
+	MaxConnAge time.Duration
 }
 
 // FromEnv reads a Config from the environment (ReadEnv with prefix), each
@@ -118,6 +139,7 @@ func (c *Config) ReadEnv(prefix string) error {
 		{"READ_TIMEOUT", &c.ReadTimeout},
 		{"WRITE_TIMEOUT", &c.WriteTimeout},
 		{"IDLE_TIMEOUT", &c.IdleTimeout},
+		{"MAX_CONN_AGE", &c.MaxConnAge},
 	} {
 		if *d.dst, err = cli.DurationEnv(prefix+d.key, *d.dst); err != nil {
 			return err
@@ -127,6 +149,12 @@ func (c *Config) ReadEnv(prefix string) error {
 		return err
 	}
 	if c.MaxConns, err = cli.IntEnv(prefix+"MAX_CONNS", c.MaxConns); err != nil {
+		return err
+	}
+	if c.MaxConnsPerClient, err = cli.IntEnv(prefix+"MAX_CONNS_PER_CLIENT", c.MaxConnsPerClient); err != nil {
+		return err
+	}
+	if c.MaxRequestsPerConn, err = cli.IntEnv(prefix+"MAX_REQUESTS_PER_CONN", c.MaxRequestsPerConn); err != nil {
 		return err
 	}
 	return nil
@@ -156,6 +184,13 @@ func (c *Config) WithDefaults() (Config, error) {
 	if out.MaxConns == 0 {
 		out.MaxConns = MaxConnsDefault
 	}
+	if out.MaxConnsPerClient == 0 {
+		out.MaxConnsPerClient = perClientDefault(out.MaxConns)
+	}
+	if out.MaxRequestsPerConn == 0 {
+		out.MaxRequestsPerConn = MaxRequestsPerConnDefault
+	}
+	def(&out.MaxConnAge, MaxConnAgeDefault)
 	bad := func(format string, args ...any) (Config, error) {
 		return Config{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}
@@ -170,6 +205,12 @@ func (c *Config) WithDefaults() (Config, error) {
 		return bad("MaxHeaderBytes %d must be at least 4096", out.MaxHeaderBytes)
 	case out.MaxConns < 1:
 		return bad("MaxConns %d must be at least 1", out.MaxConns)
+	case out.MaxConnsPerClient < 1 || out.MaxConnsPerClient > out.MaxConns:
+		return bad("MaxConnsPerClient %d must be 1 to MaxConns %d", out.MaxConnsPerClient, out.MaxConns)
+	case out.MaxRequestsPerConn < 1:
+		return bad("MaxRequestsPerConn %d must be at least 1", out.MaxRequestsPerConn)
+	case out.MaxConnAge < 0:
+		return bad("MaxConnAge %s must be positive", out.MaxConnAge)
 	}
 	return out, nil
 }
@@ -181,8 +222,28 @@ func New(h http.Handler, cfg Config, log *slog.Logger) *http.Server {
 	if log == nil {
 		log = slog.Default()
 	}
+	maxReq, maxAge := cfg.MaxRequestsPerConn, cfg.MaxConnAge
+	bounded := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A connection's whole life is bounded: its last request (by count
+		// or by age) is answered with Connection: close.
+		if lc, ok := r.Context().Value(connKey{}).(*limitConn); ok {
+			n := lc.requests.Add(1)
+			if (maxReq > 0 && n >= int64(maxReq)) || (maxAge > 0 && time.Since(lc.born) >= maxAge) {
+				w.Header().Set("Connection", "close")
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 	return &http.Server{
-		Handler:           h,
+		Handler: bounded,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
+		ConnState: func(c net.Conn, st http.ConnState) {
+			if lc, ok := c.(*limitConn); ok {
+				lc.l.setState(lc, st)
+			}
+		},
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
@@ -192,7 +253,26 @@ func New(h http.Handler, cfg Config, log *slog.Logger) *http.Server {
 	}
 }
 
-// LimitListener returns ln holding at most max connections open at once.
+type connKey struct{}
+
+func perClientDefault(conns int) int { return max(1, conns/2) }
+
+// Limit is LimitListener with cfg's MaxConns and MaxConnsPerClient.
+func (cfg Config) Limit(ln net.Listener) *Listener {
+	l := LimitListener(ln, cfg.MaxConns)
+	if cfg.MaxConnsPerClient > 0 {
+		l.perClient = cfg.MaxConnsPerClient
+	}
+	return l
+}
+
+// LimitListener returns ln holding at most max connections open at once,
+// with no bound per client address (Config.Limit sets one: by default
+// half of MaxConns; paysim, whose clients are all local, uses none). When
+// the pool is near full (seven eighths), each new
+// connection closes the connection that has been idle longest between
+// keep-alive requests: an idle connection costs its client only a new
+// handshake, while a slot held idle can starve a health check.
 // A connection beyond the limit is not left waiting in the kernel's
 // backlog (where it would hold a client for as long as the slowest of the
 // others): its request's header is read and answered at once with 503
@@ -204,10 +284,13 @@ func New(h http.Handler, cfg Config, log *slog.Logger) *http.Server {
 // how long anyone holds one.
 func LimitListener(ln net.Listener, max int) *Listener {
 	return &Listener{
-		Listener: ln,
-		slots:    make(chan struct{}, max),
-		refusing: make(chan struct{}, maxRefusing),
-		pending:  map[net.Conn]struct{}{},
+		Listener:  ln,
+		slots:     make(chan struct{}, max),
+		refusing:  make(chan struct{}, maxRefusing),
+		pending:   map[net.Conn]struct{}{},
+		perClient: max,
+		clients:   map[string]int{},
+		idle:      map[*limitConn]time.Time{},
 	}
 }
 
@@ -222,6 +305,58 @@ type Listener struct {
 	closed  bool
 	pending map[net.Conn]struct{} // the refusals being written
 	wg      sync.WaitGroup        // their goroutines
+
+	perClient int
+	cmu       sync.Mutex
+	clients   map[string]int           // open connections per client address
+	idle      map[*limitConn]time.Time // idle keep-alive connections, since
+	shed      atomic.Int64
+}
+
+// Shed is the number of idle keep-alive connections closed to make room.
+func (l *Listener) Shed() int64 { return l.shed.Load() }
+
+func (l *Listener) setState(c *limitConn, st http.ConnState) {
+	l.cmu.Lock()
+	defer l.cmu.Unlock()
+	if st == http.StateIdle {
+		l.idle[c] = time.Now()
+		return
+	}
+	delete(l.idle, c)
+}
+
+// shedIdle closes the connection idle longest, if any.
+func (l *Listener) shedIdle() bool {
+	l.cmu.Lock()
+	var oldest *limitConn
+	var since time.Time
+	for c, t := range l.idle {
+		if oldest == nil || t.Before(since) {
+			oldest, since = c, t
+		}
+	}
+	if oldest != nil {
+		delete(l.idle, oldest)
+	}
+	l.cmu.Unlock()
+	if oldest == nil {
+		return false
+	}
+	l.shed.Add(1)
+	_ = oldest.Conn.Close() // the server's read fails and it closes oldest
+	return true
+}
+
+func clientOf(c net.Conn) string {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	host, _, err := net.SplitHostPort(c.RemoteAddr().String())
+	if err != nil {
+		return c.RemoteAddr().String()
+	}
+	return host
 }
 
 // maxRefusing bounds the refusals in flight; each takes at most
@@ -247,15 +382,68 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		select {
-		case l.slots <- struct{}{}:
-			return &limitConn{Conn: c, release: func() { <-l.slots }}, nil
-		default:
+		client := clientOf(c)
+		l.cmu.Lock()
+		over := l.clients[client] >= l.perClient
+		if !over {
+			l.clients[client]++
 		}
+		l.cmu.Unlock()
+		if over {
+			l.refused.Add(1)
+			l.refuse(c)
+			continue
+		}
+		lc := &limitConn{Conn: c, l: l, born: time.Now()}
+		lc.release = func() {
+			l.cmu.Lock()
+			if l.clients[client]--; l.clients[client] <= 0 {
+				delete(l.clients, client)
+			}
+			delete(l.idle, lc)
+			l.cmu.Unlock()
+			<-l.slots
+		}
+		if l.take() {
+			return lc, nil
+		}
+		l.cmu.Lock()
+		if l.clients[client]--; l.clients[client] <= 0 {
+			delete(l.clients, client)
+		}
+		l.cmu.Unlock()
 		l.refused.Add(1)
 		l.refuse(c)
 	}
 }
+
+// take takes a slot: at once, or, with the pool full, after closing the
+// longest idle connection (waiting up to shedWait for its slot). Near
+// full, it also sheds one idle connection to keep room.
+func (l *Listener) take() bool {
+	select {
+	case l.slots <- struct{}{}:
+		if near := cap(l.slots) - cap(l.slots)/8; cap(l.slots) >= 8 && len(l.slots) >= near {
+			l.shedIdle()
+		}
+		return true
+	default:
+	}
+	if !l.shedIdle() {
+		return false
+	}
+	t := time.NewTimer(shedWait)
+	defer t.Stop()
+	select {
+	case l.slots <- struct{}{}:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// shedWait bounds the wait for the slot of a shed connection.
+const shedWait = 250 * time.Millisecond
 
 // Close closes the listener, ends the refusals still being written (a
 // client refused during a shutdown sees its connection close) and returns
@@ -352,8 +540,11 @@ func answerRefusal(c net.Conn) {
 // handler that hijacked it, or by a shutdown).
 type limitConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	l        *Listener
+	born     time.Time
+	requests atomic.Int64
+	once     sync.Once
+	release  func()
 }
 
 func (c *limitConn) Close() error {

@@ -35,7 +35,7 @@ func serve(t *testing.T, h http.Handler, cfg httpserver.Config) string {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = srv.Serve(httpserver.LimitListener(ln, c.MaxConns))
+		_ = srv.Serve(c.Limit(ln))
 	}()
 	t.Cleanup(func() {
 		_ = srv.Close()
@@ -83,7 +83,7 @@ func get(t *testing.T, addr string) (*http.Response, error) {
 // the three closes, a new connection is served.
 func TestConnectionsBeyondTheLimitAreRefused(t *testing.T) {
 	t.Parallel()
-	addr := serve(t, readsBody, httpserver.Config{MaxConns: 3, ReadHeaderTimeout: 30 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 40 * time.Second})
+	addr := serve(t, readsBody, httpserver.Config{MaxConns: 3, MaxConnsPerClient: 3, ReadHeaderTimeout: 30 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 40 * time.Second})
 	var held []net.Conn
 	for range 3 {
 		c, err := net.Dial("tcp", addr)
@@ -184,11 +184,13 @@ func TestFromEnv(t *testing.T) {
 	for k, v := range map[string]string{
 		"T_READ_HEADER_TIMEOUT": "1s", "T_READ_TIMEOUT": "2s", "T_WRITE_TIMEOUT": "3s",
 		"T_IDLE_TIMEOUT": "4s", "T_MAX_HEADER_BYTES": "8192", "T_MAX_CONNS": "7",
+		"T_MAX_CONNS_PER_CLIENT": "5", "T_MAX_REQUESTS_PER_CONN": "9", "T_MAX_CONN_AGE": "5m",
 	} {
 		t.Setenv(k, v)
 	}
 	c, err := httpserver.FromEnv("T_")
-	want := httpserver.Config{ReadHeaderTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, MaxHeaderBytes: 8192, MaxConns: 7}
+	want := httpserver.Config{ReadHeaderTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, MaxHeaderBytes: 8192, MaxConns: 7,
+		MaxConnsPerClient: 5, MaxRequestsPerConn: 9, MaxConnAge: 5 * time.Minute}
 	if err != nil || c != want {
 		t.Fatalf("%+v %v, want %+v", c, err, want)
 	}
@@ -287,5 +289,156 @@ func TestReadEnvKeepsProgramDefaults(t *testing.T) {
 	t.Setenv("P_IDLE_TIMEOUT", "0")
 	if err := c.ReadEnv("P_"); err == nil || !strings.Contains(err.Error(), "P_IDLE_TIMEOUT") {
 		t.Fatalf("P_IDLE_TIMEOUT=0: %v", err)
+	}
+}
+
+// keepAlive is a real TCP client from the loopback address src that sends
+// GET requests on one keep-alive connection.
+type keepAlive struct {
+	c  net.Conn
+	br *bufio.Reader
+}
+
+func dialFrom(t *testing.T, src, addr string) (*keepAlive, error) {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return &keepAlive{c: c, br: bufio.NewReader(c)}, nil
+}
+
+// get sends GET path and reads the answer; ok is false when the
+// connection was refused or closed.
+func (k *keepAlive) get(path string) (*http.Response, bool) {
+	_ = k.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := fmt.Fprintf(k.c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path); err != nil {
+		return nil, false
+	}
+	resp, err := http.ReadResponse(k.br, nil)
+	if err != nil {
+		return nil, false
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp, resp.StatusCode == http.StatusOK
+}
+
+// TestOneClientCannotStarveReadyz: one client address opens as many
+// keep-alive connections as it can and keeps them busy; another (the
+// orchestrator's probe) still gets /readyz 200, because one address holds
+// at most MaxConnsPerClient slots. Then two addresses fill every slot
+// with idle keep-alives: the probe's connection sheds the longest idle
+// one and is served. On main the first client held all 16 slots and the
+// probe got 503 TOO_MANY_CONNECTIONS.
+func TestOneClientCannotStarveReadyz(t *testing.T) {
+	t.Parallel()
+	c, err := (&httpserver.Config{MaxConns: 16}).WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httpserver.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }), c, nil)
+	lim := c.Limit(ln)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lim)
+	}()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		<-done
+	})
+	addr := ln.Addr().String()
+
+	var attacker []*keepAlive
+	for range 16 {
+		k, err := dialFrom(t, "127.0.0.2", addr)
+		if err != nil {
+			continue
+		}
+		if _, ok := k.get("/healthz"); ok {
+			attacker = append(attacker, k)
+		}
+	}
+	if len(attacker) != c.MaxConnsPerClient {
+		t.Errorf("one address holds %d connections, want %d", len(attacker), c.MaxConnsPerClient)
+	}
+	probe := func() int {
+		k, err := dialFrom(t, "127.0.0.1", addr)
+		if err != nil {
+			return 0
+		}
+		resp, _ := k.get("/readyz")
+		_ = k.c.Close()
+		if resp == nil {
+			return 0
+		}
+		return resp.StatusCode
+	}
+	if code := probe(); code != http.StatusOK {
+		t.Fatalf("/readyz while one client holds what it can: %d, want 200", code)
+	}
+	// A second address takes the other half: every slot is held by idle
+	// keep-alives.
+	for range 8 {
+		if k, err := dialFrom(t, "127.0.0.3", addr); err == nil {
+			if _, ok := k.get("/healthz"); ok {
+				attacker = append(attacker, k)
+			}
+		}
+	}
+	if code := probe(); code != http.StatusOK {
+		t.Fatalf("/readyz with every slot held idle: %d, want 200 (an idle one shed)", code)
+	}
+	if lim.Shed() == 0 {
+		t.Error("no idle connection was shed")
+	}
+}
+
+// TestConnectionLifeIsBounded: a keep-alive connection is closed after
+// MaxRequestsPerConn requests, and after the first request past
+// MaxConnAge.
+func TestConnectionLifeIsBounded(t *testing.T) {
+	t.Parallel()
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	addr := serve(t, ok, httpserver.Config{MaxRequestsPerConn: 3})
+	k, err := dialFrom(t, "127.0.0.1", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		resp, _ := k.get("/")
+		if resp == nil || resp.Close != (i == 3) {
+			t.Fatalf("request %d: %v (close %v)", i, resp, resp != nil && resp.Close)
+		}
+	}
+	if _, ok := k.get("/"); ok {
+		t.Fatal("a fourth request was served on the connection")
+	}
+
+	addr = serve(t, ok, httpserver.Config{MaxConnAge: 100 * time.Millisecond})
+	k, err = dialFrom(t, "127.0.0.1", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, _ := k.get("/")
+		if resp == nil {
+			t.Fatal("the connection closed without a Connection: close answer")
+		}
+		if resp.Close {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a connection outlived MaxConnAge")
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval
 	}
 }

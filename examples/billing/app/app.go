@@ -460,7 +460,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			}
 			scrape.Anonymous = !adminPublic
 			admin := httpserver.New(httpapi.AdminHandler(metrics.Handler(scrape), g.ReadyHandler()), srvCfg, log)
-			httpStage = append(httpStage, lifecycle.NewHTTPServer(admin, httpserver.LimitListener(aln, adminMaxConns)))
+			httpStage = append(httpStage, lifecycle.NewHTTPServer(admin, adminLimit(srvCfg, aln)))
 			if cfg.OnAdminListening != nil {
 				cfg.OnAdminListening(aln.Addr())
 			}
@@ -498,7 +498,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return err
 		}
 		srv := httpserver.New(tele.handler(h), srvCfg, log)
-		httpStage = append(httpStage, lifecycle.NewHTTPServer(srv, httpserver.LimitListener(ln, srvCfg.MaxConns)))
+		httpStage = append(httpStage, lifecycle.NewHTTPServer(srv, srvCfg.Limit(ln)))
 		// The idempotency records' retention purge and the gauges' refresh
 		// stop with the relay's background loops, after the last request.
 		relayStage = append(relayStage, mw, lifecycle.Go("metrics-gauges", gauges.Run))
@@ -662,4 +662,12 @@ func ensureTopics(ctx context.Context, brokers []string, partitions int32) error
 		}
 	}
 	return nil
+}
+
+// adminLimit bounds the admin listener: adminMaxConns connections, half of
+// them per client address, so that one scraper (or anyone else who
+// reaches the port) cannot hold the slots /readyz needs.
+func adminLimit(cfg httpserver.Config, ln net.Listener) *httpserver.Listener {
+	cfg.MaxConns, cfg.MaxConnsPerClient = adminMaxConns, adminMaxConns/2
+	return cfg.Limit(ln)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/consume"
 	"github.com/idemkit/idem/examples/billing/consumer"
 	"github.com/idemkit/idem/examples/billing/usecase"
+	"github.com/idemkit/idem/internal/cli"
 	idemkafkago "github.com/idemkit/idem/kafkago"
 	"github.com/idemkit/idem/lifecycle"
 	"github.com/idemkit/idem/natsjs"
@@ -103,7 +104,7 @@ func (b *broker) ensure(ctx context.Context, partitions int32) error {
 	defer cancel()
 	for _, t := range []string{usecase.TopicOrderEvents, usecase.TopicBillingCommands, usecase.TopicOrderEvents + natsjs.DeadLetterSuffixDefault} {
 		if _, err := js.CreateOrUpdateStream(ctx, natsjs.StreamConfig(t)); err != nil {
-			return fmt.Errorf("billing: create stream %s on %s: %w", natsjs.StreamName(t), b.cfg.NATSURL, err)
+			return fmt.Errorf("billing: create stream %s on %s: %w", natsjs.StreamName(t), cli.RedactList(b.cfg.NATSURL), err)
 		}
 	}
 	return nil

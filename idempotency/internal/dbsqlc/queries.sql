@@ -197,14 +197,43 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
   AND l.classid = ((k.id >> 32) & 4294967295)::bigint::oid
   AND l.objid = (k.id & 4294967295)::bigint::oid;
 
--- name: ForceRelease :execrows
--- An operator frees a claimed key whatever its fence: the claim's own
+-- name: ReleaseClaim :one
+-- An operator frees the claim it was shown (its fence), and only that one:
+-- a retry that took the key over since has another fence and is left
+-- alone. A live lease is released only with force. The claim's own
 -- handler, if it still runs, is fenced out (its Complete and Release
 -- require state = 'claimed' and its fence), and the next request with the
--- same fingerprint runs the handler again.
-UPDATE idempotency_key
-SET state = 'released', locked_until = NULL
-WHERE key_hash = @key_hash::bytea AND state = 'claimed';
+-- same fingerprint runs the handler again. The audit row is written by the
+-- same statement: no release commits without it.
+WITH r AS (
+    UPDATE idempotency_key AS k
+    SET state = 'released', locked_until = NULL
+    WHERE k.key_hash = @key_hash::bytea AND k.state = 'claimed' AND k.fence = @fence::bigint
+      AND (k.locked_until <= now() OR @force::bool)
+    RETURNING k.fence
+), a AS (
+    INSERT INTO idem_admin_audit (action, subject, actor, reason, detail)
+    SELECT 'keys.release', @subject::text, @actor::text, @reason::text,
+           jsonb_build_object('fence', r.fence, 'force', @force::bool)
+    FROM r
+    RETURNING id
+)
+SELECT count(*)::bigint AS released FROM a;
 
--- name: ForgetKey :execrows
-DELETE FROM idempotency_key WHERE key_hash = @key_hash::bytea;
+-- name: ForgetRecord :one
+-- An operator deletes the record it was shown (its fence): a claim or a
+-- completed answer of another fence is left alone, and a live lease is
+-- deleted only with force. The audit row is written by the same statement.
+WITH d AS (
+    DELETE FROM idempotency_key AS k
+    WHERE k.key_hash = @key_hash::bytea AND k.fence = @fence::bigint
+      AND (NOT (k.state = 'claimed' AND k.locked_until > now()) OR @force::bool)
+    RETURNING k.fence, k.state
+), a AS (
+    INSERT INTO idem_admin_audit (action, subject, actor, reason, detail)
+    SELECT 'keys.forget', @subject::text, @actor::text, @reason::text,
+           jsonb_build_object('fence', d.fence, 'state', d.state, 'force', @force::bool)
+    FROM d
+    RETURNING id
+)
+SELECT count(*)::bigint AS forgotten FROM a;

@@ -153,34 +153,46 @@ func (q *Queries) Complete(ctx context.Context, arg CompleteParams) (int64, erro
 	return result.RowsAffected(), nil
 }
 
-const forceRelease = `-- name: ForceRelease :execrows
-UPDATE idempotency_key
-SET state = 'released', locked_until = NULL
-WHERE key_hash = $1::bytea AND state = 'claimed'
+const forgetRecord = `-- name: ForgetRecord :one
+WITH d AS (
+    DELETE FROM idempotency_key AS k
+    WHERE k.key_hash = $1::bytea AND k.fence = $2::bigint
+      AND (NOT (k.state = 'claimed' AND k.locked_until > now()) OR $3::bool)
+    RETURNING k.fence, k.state
+), a AS (
+    INSERT INTO idem_admin_audit (action, subject, actor, reason, detail)
+    SELECT 'keys.forget', $4::text, $5::text, $6::text,
+           jsonb_build_object('fence', d.fence, 'state', d.state, 'force', $3::bool)
+    FROM d
+    RETURNING id
+)
+SELECT count(*)::bigint AS forgotten FROM a
 `
 
-// An operator frees a claimed key whatever its fence: the claim's own
-// handler, if it still runs, is fenced out (its Complete and Release
-// require state = 'claimed' and its fence), and the next request with the
-// same fingerprint runs the handler again.
-func (q *Queries) ForceRelease(ctx context.Context, keyHash []byte) (int64, error) {
-	result, err := q.db.Exec(ctx, forceRelease, keyHash)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+type ForgetRecordParams struct {
+	KeyHash []byte
+	Fence   int64
+	Force   bool
+	Subject string
+	Actor   string
+	Reason  string
 }
 
-const forgetKey = `-- name: ForgetKey :execrows
-DELETE FROM idempotency_key WHERE key_hash = $1::bytea
-`
-
-func (q *Queries) ForgetKey(ctx context.Context, keyHash []byte) (int64, error) {
-	result, err := q.db.Exec(ctx, forgetKey, keyHash)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+// An operator deletes the record it was shown (its fence): a claim or a
+// completed answer of another fence is left alone, and a live lease is
+// deleted only with force. The audit row is written by the same statement.
+func (q *Queries) ForgetRecord(ctx context.Context, arg ForgetRecordParams) (int64, error) {
+	row := q.db.QueryRow(ctx, forgetRecord,
+		arg.KeyHash,
+		arg.Fence,
+		arg.Force,
+		arg.Subject,
+		arg.Actor,
+		arg.Reason,
+	)
+	var forgotten int64
+	err := row.Scan(&forgotten)
+	return forgotten, err
 }
 
 const inspectKey = `-- name: InspectKey :one
@@ -262,6 +274,53 @@ func (q *Queries) Release(ctx context.Context, arg ReleaseParams) (int64, error)
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const releaseClaim = `-- name: ReleaseClaim :one
+WITH r AS (
+    UPDATE idempotency_key AS k
+    SET state = 'released', locked_until = NULL
+    WHERE k.key_hash = $1::bytea AND k.state = 'claimed' AND k.fence = $2::bigint
+      AND (k.locked_until <= now() OR $3::bool)
+    RETURNING k.fence
+), a AS (
+    INSERT INTO idem_admin_audit (action, subject, actor, reason, detail)
+    SELECT 'keys.release', $4::text, $5::text, $6::text,
+           jsonb_build_object('fence', r.fence, 'force', $3::bool)
+    FROM r
+    RETURNING id
+)
+SELECT count(*)::bigint AS released FROM a
+`
+
+type ReleaseClaimParams struct {
+	KeyHash []byte
+	Fence   int64
+	Force   bool
+	Subject string
+	Actor   string
+	Reason  string
+}
+
+// An operator frees the claim it was shown (its fence), and only that one:
+// a retry that took the key over since has another fence and is left
+// alone. A live lease is released only with force. The claim's own
+// handler, if it still runs, is fenced out (its Complete and Release
+// require state = 'claimed' and its fence), and the next request with the
+// same fingerprint runs the handler again. The audit row is written by the
+// same statement: no release commits without it.
+func (q *Queries) ReleaseClaim(ctx context.Context, arg ReleaseClaimParams) (int64, error) {
+	row := q.db.QueryRow(ctx, releaseClaim,
+		arg.KeyHash,
+		arg.Fence,
+		arg.Force,
+		arg.Subject,
+		arg.Actor,
+		arg.Reason,
+	)
+	var released int64
+	err := row.Scan(&released)
+	return released, err
 }
 
 const renew = `-- name: Renew :execrows

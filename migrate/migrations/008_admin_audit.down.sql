@@ -1,0 +1,1 @@
+DROP TABLE idem_admin_audit;
