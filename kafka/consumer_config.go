@@ -82,6 +82,13 @@ type ConsumerConfig struct {
 	// DeadLetterTopic receives records the handler gave up on. Defaults to
 	// the record's topic + DeadLetterSuffixDefault (".dlq").
 	DeadLetterTopic string
+	// SkipDeadLetterTopicCheck turns off Start's check that every
+	// dead-letter topic exists (ErrDeadLetterTopicMissing): for a broker
+	// that creates topics on first use, or when the consumed topics are
+	// patterns (kgo.ConsumeRegex). Without the check, a missing topic
+	// shows only when the first poison record arrives. Defaults to false
+	// (Start checks).
+	SkipDeadLetterTopicCheck bool
 	// DeadLetterAttempts is how many dead-letter produces a record gets
 	// before it is reported stuck (consume.KindStuck); a stuck record holds
 	// only its partition, and its produce is retried every BackoffMax.

@@ -36,7 +36,7 @@ func ExampleNewConsumer() {
 	// database and an in-process kfake broker.
 	pool, done := consumerExampleDB(ctx)
 	defer done()
-	cluster, _ := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders.events"))
+	cluster, _ := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders.events", "orders.events.dlq"))
 	defer cluster.Close()
 	brokers := cluster.ListenAddrs()
 
