@@ -48,10 +48,13 @@
 // after the consumers, never instead of them.
 //
 // The outcome is reported: Run returns nil only for a clean stop (every
-// stage within its budget, no failure, no second signal); a stage cut off
-// at its budget is a [*StageCutOffError] matching [ErrStageCutOff], one per
-// stage, so that a supervisor (or a chaos test) can tell a bounded stop
-// from a clean one. A shutdown that begins before the group is ready is
+// stage within its budget, no component error, no second signal). A stage
+// whose components needed their hard stop, and returned from it within the
+// stage's budget, is clean: it is logged at Warn with the soft deadline it
+// passed and the number hard-stopped. A stage still running at the end of
+// its budget (a component ignored even its hard stop) is a
+// [*StageCutOffError] matching [ErrStageCutOff], one per stage, so that a
+// supervisor (or a chaos test) can tell a bounded stop from a clean one. A shutdown that begins before the group is ready is
 // clean if what had started stops cleanly.
 //
 // # What it does not guarantee
