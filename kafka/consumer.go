@@ -89,6 +89,10 @@ func NewConsumer(db consume.DB, handler Handler, cfg *ConsumerConfig) (*Consumer
 		DeadLetterTimeout:  c.DeadLetterTimeout,
 		AckTimeout:         c.CommitTimeout,
 		InboxForm:          c.InboxForm,
+		Retention:          c.Retention,
+		PurgeInterval:      c.PurgeInterval,
+		PurgeBatchSize:     c.PurgeBatchSize,
+		DisablePurge:       c.DisablePurge,
 		Hook:               c.Hook,
 		Logger:             c.Logger,
 	}

@@ -105,3 +105,59 @@ func TestConsumerStartChecksDeadLetterTopic(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The consumer purges processed_event rows past its Retention while it
+// runs, as the idempotency middleware purges its records, with no
+// inbox.Purger of the caller's; DisablePurge keeps them.
+func TestConsumerPurgesProcessedEvents(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name    string
+		disable bool
+	}{{"default", false}, {"disabled", true}} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := consSetup(t, 1)
+			ctx := context.Background()
+			if _, err := b.db.Pool.Exec(ctx, `INSERT INTO processed_event (consumer_id, event_id, processed_at)
+				VALUES ('billing', 'old', now() - interval '2 hours'), ('billing', 'recent', now())`); err != nil {
+				t.Fatal(err)
+			}
+			c := b.consStart(t, consEffectHandler("A"), func(cfg *kafka.ConsumerConfig) {
+				cfg.Retention, cfg.PurgeInterval, cfg.DisablePurge = time.Hour, 20*time.Millisecond, tt.disable
+			})
+			// One record through the consumer: it runs (and so would its
+			// purger, whose first pass is at Start).
+			b.consProduce(t, 0, 1)
+			b.consWaitEffects(t, 1, 30*time.Second)
+			count := func(id string) int {
+				var n int
+				if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM processed_event WHERE event_id = $1`, id).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			if tt.disable {
+				sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				defer cancel()
+				if err := c.Stop(sctx); err != nil {
+					t.Fatal(err)
+				}
+				if count("old") != 1 {
+					t.Fatal("DisablePurge: the old row was purged")
+				}
+			} else {
+				deadline := time.Now().Add(30 * time.Second)
+				for count("old") != 0 {
+					if time.Now().After(deadline) {
+						t.Fatal("the row older than Retention is still there after 30s")
+					}
+					time.Sleep(10 * time.Millisecond) // polling interval
+				}
+			}
+			if count("recent") != 1 || count("ev-0") != 1 {
+				t.Fatal("a row within Retention was purged")
+			}
+		})
+	}
+}
