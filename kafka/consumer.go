@@ -123,6 +123,18 @@ func RecordEventID(rec *kgo.Record) string {
 	return recordSource(rec)
 }
 
+// RecordEventType returns the record's event-type header (the outbox
+// message's EventType, HeaderEventType), or "" when it has none: what a
+// handler switches on when one topic carries several event types.
+func RecordEventType(rec *kgo.Record) string {
+	for _, h := range rec.Headers {
+		if h.Key == HeaderEventType {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
 func recordSource(rec *kgo.Record) string {
 	return rec.Topic + "/" + strconv.Itoa(int(rec.Partition)) + "/" + strconv.FormatInt(rec.Offset, 10)
 }

@@ -161,3 +161,14 @@ func TestConsumerPurgesProcessedEvents(t *testing.T) {
 		})
 	}
 }
+
+func TestRecordEventType(t *testing.T) {
+	t.Parallel()
+	rec := &kgo.Record{Headers: []kgo.RecordHeader{{Key: kafka.HeaderEventID, Value: []byte("e1")}, {Key: kafka.HeaderEventType, Value: []byte("OrderConfirmed")}}}
+	if got := kafka.RecordEventType(rec); got != "OrderConfirmed" {
+		t.Fatalf("RecordEventType = %q, want OrderConfirmed", got)
+	}
+	if got := kafka.RecordEventType(&kgo.Record{}); got != "" {
+		t.Fatalf("RecordEventType without the header = %q, want empty", got)
+	}
+}
