@@ -63,8 +63,9 @@
 //   - Dead-lettering is at-least-once: a crash between the dead-letter
 //     publish and the ack publishes the copy again on redelivery (its
 //     event id lets a reader deduplicate).
-//   - Duplicates older than the processed_event retention (inbox.Purger)
-//     are handled again.
+//   - Duplicates older than the processed_event retention are handled
+//     again: the Consumer purges rows older than Config.Retention while it
+//     runs (an inbox.Purger; Config.DisablePurge turns it off).
 //   - A deterministic failure of the transaction itself (not the handler:
 //     a deferred constraint at COMMIT) is retried until the consumer
 //     stops, without counting towards MaxAttempts.
