@@ -6,6 +6,14 @@
 // adapts one client library (package kafka is the franz-go driver) through
 // a small Session interface: Fetch, Ack, DeadLetter, Hold, Close.
 //
+// Usage:
+//
+//	drv, err := kafka.NewDriver(&kafka.ConsumerConfig{Brokers: brokers, Group: "billing", Topics: topics})
+//	c, err := consume.New(pool, drv, func(ctx context.Context, tx pgx.Tx, m *consume.Message) error {
+//		return apply(ctx, tx, m.Value) // commits with the message's processed_event row
+//	}, &consume.Config{ConsumerID: "billing"})
+//	_ = c.Start(ctx) // lifecycle stops it
+//
 // # Guarantee
 //
 // Each event's handler effects commit exactly once per Config.ConsumerID,

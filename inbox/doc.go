@@ -4,6 +4,14 @@
 // loop on it (with a broker driver such as package kafka's); use inbox
 // directly for a consumer of your own.
 //
+// Usage:
+//
+//	first, err := inbox.MarkProcessedTx(ctx, tx, "billing", eventID)
+//	if err != nil || !first {
+//		return err // a duplicate: its effects are already committed
+//	}
+//	// apply the event's effects through tx; they commit with the mark
+//
 // # Database seams
 //
 // A function whose name ends in Tx (MarkProcessedTx, MarkProcessedBatchTx,

@@ -1,6 +1,17 @@
 // Package lifecycle runs a service's long-running parts and stops them in a
 // fixed order, each within its own budget, when SIGTERM or SIGINT arrives.
 //
+// Usage:
+//
+//	g, _ := lifecycle.New(nil) // SIGTERM, SIGINT; SHUTDOWN_TIMEOUT-like budget
+//	g.Add(lifecycle.Stage{Name: "http", Budget: 10 * time.Second, Components: []lifecycle.Component{lifecycle.NewHTTPServer(srv, ln)}})
+//	g.Add(lifecycle.Stage{Name: "consumers", Components: []lifecycle.Component{consumer}})
+//	g.Add(lifecycle.Stage{Name: "relay", Components: []lifecycle.Component{relay, purger}})
+//	g.Add(lifecycle.Stage{Name: "pool", Components: []lifecycle.Component{lifecycle.Closer(pool.Close)}})
+//	err := g.Run(ctx) // starts all, waits for the signal, stops in order
+//
+// # How the stop runs
+//
 // A [Group] holds stages in stop order. Run starts every component (the last
 // stage first, so that the pool exists before the HTTP server that uses
 // it), marks the group ready, and waits. On the first trigger — a signal,
