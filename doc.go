@@ -5,6 +5,16 @@
 // client, a server and a conformance test agree by construction instead of
 // by comment.
 //
+// Usage:
+//
+//	key, err := idem.ParseKey(r.Header.Get(idem.HeaderKey)) // the key rule
+//	if err != nil {
+//		// answer 400 with code idem.CodeKeyInvalid
+//	}
+//	w.Header().Set(idem.HeaderReplayed, "true") // on a replayed response
+//
+// # The contract
+//
 // The capabilities live in their own packages: idempotency (incoming
 // requests), idemclient (outgoing calls), outbox and inbox (events),
 // kafka (franz-go adapters), lifecycle (graceful shutdown), migrate

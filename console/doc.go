@@ -1,6 +1,14 @@
 // Package console is idem's admin web console: an http.Handler to mount on
 // a service's admin port, and what `idem console` serves.
 //
+// Usage:
+//
+//	c, err := console.New(pool, &console.Config{Token: os.Getenv("IDEM_CONSOLE_TOKEN")})
+//	_ = c.Start(ctx) // the backlog sampler
+//	adminMux.Handle("/", c)
+//
+// # What it shows
+//
 // Pages: the outbox (counts by status, the oldest pending age, a chart of
 // the backlog over the last SampleWindow from the sampler's periodic
 // samples, dead events with payload and error and requeue and discard

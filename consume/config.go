@@ -105,6 +105,25 @@ type Config struct {
 	// transaction is retried. ctx ends only on a hard stop. Not allowed
 	// with Batch. Defaults to nil.
 	Prepare PrepareFunc
+	// Retention is how long processed_event rows are kept: the consumer
+	// runs an inbox.Purger (started and stopped with it) that deletes
+	// rows older than that, of every consumer_id, in batches. A message
+	// redelivered after its row was purged is processed again, so keep it
+	// above the longest redelivery you expect (a replay from the earliest
+	// offset needs it off, or longer than the topic's retention).
+	// Defaults to inbox.RetentionDefault (7 days).
+	Retention time.Duration
+	// PurgeInterval is the pause between two purge passes. Defaults to
+	// inbox.PurgeIntervalDefault (1 minute).
+	PurgeInterval time.Duration
+	// PurgeBatchSize is the most rows one purge DELETE removes. Defaults
+	// to inbox.PurgeBatchSizeDefault (1000).
+	PurgeBatchSize int
+	// DisablePurge turns the consumer's own purge off: for rows kept for
+	// ever, or purged by one inbox.Purger of your own (with its Hook for
+	// metrics) instead of one per consumer. Defaults to false (the
+	// consumer purges).
+	DisablePurge bool
 	// Hook observes every record and ack (see Kind): the place for metrics
 	// and traces. It runs synchronously on the processing goroutine and
 	// must be fast. Defaults to nil.
@@ -161,6 +180,12 @@ func (c *Config) validate() error {
 		return bad("DeadLetterTimeout %v is negative", c.DeadLetterTimeout)
 	case c.AckTimeout < 0:
 		return bad("AckTimeout %v is negative", c.AckTimeout)
+	case c.Retention < 0:
+		return bad("Retention %v is negative", c.Retention)
+	case c.PurgeInterval < 0:
+		return bad("PurgeInterval %v is negative", c.PurgeInterval)
+	case c.PurgeBatchSize < 0:
+		return bad("PurgeBatchSize %d is negative", c.PurgeBatchSize)
 	case c.Prepare != nil && c.Batch:
 		return bad("Prepare and Batch are exclusive")
 	}

@@ -38,7 +38,10 @@ type Consumer struct {
 	cfg     Config
 	log     *slog.Logger
 	backoff backoff.Policy
-	ss      startstop.Service
+	// purger deletes old processed_event rows while the consumer runs;
+	// nil with Config.DisablePurge.
+	purger *inbox.Purger
+	ss     startstop.Service
 	// stopBy is the deadline of the ctx of the latest Stop or HardStop
 	// call (UnixNano; 0 for none): the stop's last ack and the session's
 	// Close are bounded by it (see Stop).
@@ -69,8 +72,17 @@ func New(db DB, driver Driver, handler Handler, cfg *Config) (*Consumer, error) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: InboxForm: %w", ErrInvalidConfig, err)
 	}
+	var purger *inbox.Purger
+	if !c.DisablePurge {
+		purger, err = inbox.NewPurger(db, &inbox.PurgerConfig{
+			Retention: c.Retention, PurgeInterval: c.PurgeInterval, PurgeBatchSize: c.PurgeBatchSize, Logger: c.Logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
 	return &Consumer{
-		db: db, driver: driver, handler: handler, inbox: ib, cfg: c,
+		db: db, driver: driver, handler: handler, inbox: ib, cfg: c, purger: purger,
 		log:     c.Logger.With("consumer", c.ConsumerID),
 		backoff: backoff.Policy{Min: c.BackoffMin, Max: c.BackoffMax},
 	}, nil
@@ -89,6 +101,21 @@ func (c *Consumer) Start(ctx context.Context) error {
 		}
 		r := newRun(c, sess, ctx)
 		g.Go(ctx, r.loop)
+		if c.purger != nil {
+			// The purger lives as long as the run: soft-stopped with it
+			// (the batch in flight commits), hard-stopped with it.
+			if err := c.purger.Start(ctx); err != nil {
+				return fmt.Errorf("consume: start the inbox purger: %w", err)
+			}
+			g.Go(ctx, func(ctx context.Context) {
+				work, cancel := startstop.WorkContext(ctx)
+				defer cancel()
+				<-ctx.Done()
+				if c.purger.Stop(work) != nil {
+					_ = c.purger.HardStop(context.WithoutCancel(ctx))
+				}
+			})
+		}
 		return nil
 	})
 }

@@ -6,6 +6,14 @@
 // adapts one client library (package kafka is the franz-go driver) through
 // a small Session interface: Fetch, Ack, DeadLetter, Hold, Close.
 //
+// Usage:
+//
+//	drv, err := kafka.NewDriver(&kafka.ConsumerConfig{Brokers: brokers, Group: "billing", Topics: topics})
+//	c, err := consume.New(pool, drv, func(ctx context.Context, tx pgx.Tx, m *consume.Message) error {
+//		return apply(ctx, tx, m.Value) // commits with the message's processed_event row
+//	}, &consume.Config{ConsumerID: "billing"})
+//	_ = c.Start(ctx) // lifecycle stops it
+//
 // # Guarantee
 //
 // Each event's handler effects commit exactly once per Config.ConsumerID,
@@ -68,8 +76,9 @@
 //   - Dead-lettering is at-least-once: a crash between the dead-letter
 //     publish and the ack publishes the copy again on redelivery (its
 //     event id lets a reader deduplicate).
-//   - Duplicates older than the processed_event retention (inbox.Purger)
-//     are handled again.
+//   - Duplicates older than the processed_event retention are handled
+//     again: the Consumer purges rows older than Config.Retention while it
+//     runs (an inbox.Purger; Config.DisablePurge turns it off).
 //   - A failure of the transaction itself (not the handler's error) is
 //     taken for a database outage and retried until it passes or the
 //     consumer stops, without counting towards MaxAttempts, unless it is

@@ -6,6 +6,12 @@
 // Header names, the key rule (idem.ValidateKey) and problem codes are
 // package idem's.
 //
+// Usage:
+//
+//	c, err := idemclient.New(http.DefaultClient, nil)
+//	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, body)
+//	resp, err := c.Do(req, eventID+":charge") // one key for every attempt
+//
 // # Guarantee
 //
 // Every attempt of one Client.Do call carries the same Idempotency-Key, and

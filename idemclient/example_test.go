@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemkit/idem/idemclient"
 	"github.com/idemkit/idem/idempotency"
-	"github.com/idemkit/idem/internal/testdb"
 )
 
 // The key is derived from the command, once; every attempt carries it.
@@ -61,7 +60,7 @@ func ExampleClient_Do_withoutKey() {
 // retries with the same key and gets the stored answer, marked replayed:
 // one charge.
 func Example() {
-	db, done := testdb.NewForExample() // a *pgxpool.Pool on a migrated schema
+	db, done := newExampleDB() // a *pgxpool.Pool on a migrated schema
 	defer done()
 	mw, err := idempotency.New(idempotency.NewPostgresStore(db.Pool), &idempotency.Config{
 		Scope: func(r *http.Request) (string, error) { return "shop-1", nil },

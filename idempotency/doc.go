@@ -3,6 +3,17 @@
 // over a PostgreSQL (or in-memory) store. The wire contract (header names,
 // the key rule, problem codes) is package idem's.
 //
+// Usage:
+//
+//	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), &idempotency.Config{
+//		Mode:  idempotency.ModeTransactional,
+//		Scope: func(r *http.Request) (string, error) { return userOf(r), nil },
+//	})
+//	_ = mw.Start(ctx) // the retention purge; lifecycle stops it
+//	http.Handle("POST /orders", mw.Wrap(createOrder))
+//	// in createOrder: tx, _ := idempotency.TxFromContext(r.Context())
+//	//                 who, _ := idempotency.PrincipalFromContext(r.Context())
+//
 // # Guarantee
 //
 // For one key, scoped by the authenticated principal (Config.Scope), the

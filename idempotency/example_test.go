@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/idemkit/idem/idempotency"
-	"github.com/idemkit/idem/internal/testdb"
 )
 
 // The middleware over the in-memory store (two-step mode): the second POST
@@ -54,7 +53,7 @@ func Example() {
 // the handler wrote before it.
 func ExampleTxFromContext() {
 	ctx := context.Background()
-	db, done := testdb.NewForExample() // a *pgxpool.Pool on a migrated schema
+	db, done := newExampleDB() // a *pgxpool.Pool on a migrated schema
 	defer done()
 	pool := db.Pool
 	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, status text NOT NULL);

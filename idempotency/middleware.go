@@ -116,6 +116,10 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		reject(http.StatusUnauthorized, idem.CodeScopeUnknown, "the request has no principal to scope its Idempotency-Key", err)
 		return
 	}
+	// The handler reads the principal through PrincipalFromContext
+	// instead of computing it a second time.
+	rq.ctx = context.WithValue(rq.ctx, principalKey{}, scope)
+	r = r.WithContext(rq.ctx)
 	body, err := readBody(r, m.cfg.MaxRequestBody)
 	bodyRead = err == nil
 	if errors.Is(err, ErrBodyTooLarge) {

@@ -8,6 +8,17 @@ import (
 
 type txKey struct{}
 
+type principalKey struct{}
+
+// PrincipalFromContext returns the principal that Config.Scope computed
+// for the request the middleware is serving, so that a handler uses the
+// very value its Idempotency-Key was scoped by. ok is false outside the
+// middleware (and for a request it refused before Scope ran).
+func PrincipalFromContext(ctx context.Context) (principal string, ok bool) {
+	principal, ok = ctx.Value(principalKey{}).(string)
+	return principal, ok
+}
+
 // TxFromContext returns the transaction that ModeTransactional opened for the
 // request: the handler's writes through it commit together with the claim and
 // the stored response, or not at all. Its Commit and Rollback return

@@ -2,6 +2,14 @@
 // the Idempotency-Key header: the semantics of package idempotency, of the
 // IETF draft "The Idempotency-Key HTTP Header Field" and of Stripe's API.
 //
+// Usage:
+//
+//	func TestIdempotency(t *testing.T) {
+//		idemtest.Check(t, idemtest.Target{Handler: myHandler, Path: "/orders"})
+//	}
+//
+// # What it checks
+//
 // It is a black box: it talks HTTP to a URL, or to an http.Handler that it
 // serves on a loopback httptest server, and never imports the server's code.
 // A team calls it from its own tests (Check reports each check as a

@@ -4,6 +4,14 @@
 // loop on it (with a broker driver such as package kafka's); use inbox
 // directly for a consumer of your own.
 //
+// Usage:
+//
+//	first, err := inbox.MarkProcessedTx(ctx, tx, "billing", eventID)
+//	if err != nil || !first {
+//		return err // a duplicate: its effects are already committed
+//	}
+//	// apply the event's effects through tx; they commit with the mark
+//
 // # Database seams
 //
 // A function whose name ends in Tx (MarkProcessedTx, MarkProcessedBatchTx,
@@ -28,8 +36,9 @@
 //     covered: a crash after such a call and before the commit repeats it.
 //     Enqueue them as outbox rows with an idempotency key derived from the
 //     event id instead, and let a worker make the call with that key.
-//   - Rows are purged after a retention window (Purge, Purger): a duplicate
-//     arriving later than that is processed again.
+//   - Rows are purged after a retention window (Purge, Purger; the
+//     consume and kafka consumers run a Purger of their own by default): a
+//     duplicate arriving later than that is processed again.
 //   - Seen and SeenTx only read: a false answer can be stale by the time
 //     the caller acts on it. MarkProcessedTx alone decides.
 //   - The event id must identify the event, not the delivery: use the id

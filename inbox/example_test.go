@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/inbox"
-	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/migrate"
 )
 
@@ -102,14 +101,14 @@ func exampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	schema := "example_" + hex.EncodeToString(b[:])
-	admin, err := pgx.Connect(ctx, testdb.URL())
+	admin, err := pgx.Connect(ctx, exampleDatabaseURL())
 	if err != nil {
 		panic(err)
 	}
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		panic(err)
 	}
-	url, _ := testdb.WithSchema(testdb.URL(), schema)
+	url, _ := withSearchPath(exampleDatabaseURL(), schema)
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		panic(err)

@@ -43,6 +43,22 @@ type Handler func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error
 // lifecycle.HardStopper.
 type Consumer struct {
 	*consume.Consumer
+	cfg ConsumerConfig
+}
+
+// Start checks that every dead-letter topic exists (unless
+// ConsumerConfig.SkipDeadLetterTopicCheck), then opens a session and
+// processes records on a goroutine until Stop or HardStop (see
+// consume.Consumer.Start). A missing dead-letter topic is
+// ErrDeadLetterTopicMissing, naming it: found at start, not when the first
+// poison record arrives. ctx bounds the check and the opening.
+func (c *Consumer) Start(ctx context.Context) error {
+	if !c.cfg.SkipDeadLetterTopicCheck {
+		if err := c.cfg.checkDeadLetterTopics(ctx); err != nil {
+			return err
+		}
+	}
+	return c.Consumer.Start(ctx)
 }
 
 // NewConsumer validates cfg and returns a Consumer; nothing connects until
@@ -73,6 +89,10 @@ func NewConsumer(db consume.DB, handler Handler, cfg *ConsumerConfig) (*Consumer
 		DeadLetterTimeout:  c.DeadLetterTimeout,
 		AckTimeout:         c.CommitTimeout,
 		InboxForm:          c.InboxForm,
+		Retention:          c.Retention,
+		PurgeInterval:      c.PurgeInterval,
+		PurgeBatchSize:     c.PurgeBatchSize,
+		DisablePurge:       c.DisablePurge,
 		Hook:               c.Hook,
 		Logger:             c.Logger,
 	}
@@ -88,7 +108,7 @@ func NewConsumer(db consume.DB, handler Handler, cfg *ConsumerConfig) (*Consumer
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	return &Consumer{Consumer: cc}, nil
+	return &Consumer{Consumer: cc, cfg: c}, nil
 }
 
 // RecordEventID is the default ConsumerConfig.EventID: the event-id header
@@ -101,6 +121,18 @@ func RecordEventID(rec *kgo.Record) string {
 		}
 	}
 	return recordSource(rec)
+}
+
+// RecordEventType returns the record's event-type header (the outbox
+// message's EventType, HeaderEventType), or "" when it has none: what a
+// handler switches on when one topic carries several event types.
+func RecordEventType(rec *kgo.Record) string {
+	for _, h := range rec.Headers {
+		if h.Key == HeaderEventType {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
 
 func recordSource(rec *kgo.Record) string {

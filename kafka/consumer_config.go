@@ -82,6 +82,13 @@ type ConsumerConfig struct {
 	// DeadLetterTopic receives records the handler gave up on. Defaults to
 	// the record's topic + DeadLetterSuffixDefault (".dlq").
 	DeadLetterTopic string
+	// SkipDeadLetterTopicCheck turns off Start's check that every
+	// dead-letter topic exists (ErrDeadLetterTopicMissing): for a broker
+	// that creates topics on first use, or when the consumed topics are
+	// patterns (kgo.ConsumeRegex). Without the check, a missing topic
+	// shows only when the first poison record arrives. Defaults to false
+	// (Start checks).
+	SkipDeadLetterTopicCheck bool
 	// DeadLetterAttempts is how many dead-letter produces a record gets
 	// before it is reported stuck (consume.KindStuck); a stuck record holds
 	// only its partition, and its produce is retried every BackoffMax.
@@ -96,6 +103,20 @@ type ConsumerConfig struct {
 	// CommitTimeout bounds each offset commit and the final group leave.
 	// Defaults to ConsumerCommitTimeoutDefault (10s).
 	CommitTimeout time.Duration
+	// Retention is how long processed_event rows are kept: the consumer
+	// purges older ones while it runs (see consume.Config.Retention).
+	// Defaults to inbox.RetentionDefault (7 days).
+	Retention time.Duration
+	// PurgeInterval is the pause between two purge passes. Defaults to
+	// inbox.PurgeIntervalDefault (1 minute).
+	PurgeInterval time.Duration
+	// PurgeBatchSize is the most rows one purge DELETE removes. Defaults
+	// to inbox.PurgeBatchSizeDefault (1000).
+	PurgeBatchSize int
+	// DisablePurge turns the consumer's own purge of processed_event off
+	// (rows kept for ever, or purged by an inbox.Purger of your own).
+	// Defaults to false (the consumer purges).
+	DisablePurge bool
 	// Prepare, when set, runs for each record before its transaction, with
 	// no transaction open: the place for an external call (a payment
 	// provider) whose outcome the handler then records. Its result reaches

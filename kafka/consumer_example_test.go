@@ -14,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem/consume"
-	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/kafka"
 	"github.com/idemkit/idem/migrate"
 	"github.com/idemkit/idem/outbox"
@@ -36,7 +35,7 @@ func ExampleNewConsumer() {
 	// database and an in-process kfake broker.
 	pool, done := consumerExampleDB(ctx)
 	defer done()
-	cluster, _ := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders.events"))
+	cluster, _ := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders.events", "orders.events.dlq"))
 	defer cluster.Close()
 	brokers := cluster.ListenAddrs()
 
@@ -130,14 +129,14 @@ func consumerExampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	schema := "example_" + hex.EncodeToString(b[:])
-	admin, err := pgx.Connect(ctx, testdb.URL())
+	admin, err := pgx.Connect(ctx, exampleDatabaseURL())
 	if err != nil {
 		panic(err)
 	}
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		panic(err)
 	}
-	url, _ := testdb.WithSchema(testdb.URL(), schema)
+	url, _ := withSearchPath(exampleDatabaseURL(), schema)
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		panic(err)

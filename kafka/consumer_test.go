@@ -651,6 +651,7 @@ func TestConsumerStuckDeadLetter(t *testing.T) {
 	}
 	c, err := kafka.NewConsumer(b.db.Pool, h, b.consConfig(func(cfg *kafka.ConsumerConfig) {
 		cfg.DeadLetterTopic = "missing.dlq"
+		cfg.SkipDeadLetterTopicCheck = true // the topic is missing on purpose
 		cfg.DeadLetterAttempts, cfg.DeadLetterTimeout, cfg.BackoffMax = 2, 2*time.Second, 100*time.Millisecond
 		cfg.Hook = func(ctx context.Context, e kafka.ConsumerEvent) context.Context {
 			switch e.Kind {

@@ -12,7 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/kafka"
 	"github.com/idemkit/idem/migrate"
 	"github.com/idemkit/idem/outbox"
@@ -89,7 +88,7 @@ func pubExampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
 	_, _ = rand.Read(b[:])
 	schema := "ex_" + hex.EncodeToString(b[:])
 	admin := func(sql string) {
-		c, err := pgx.Connect(ctx, testdb.URL())
+		c, err := pgx.Connect(ctx, exampleDatabaseURL())
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -99,7 +98,7 @@ func pubExampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
 		}
 	}
 	admin("CREATE SCHEMA " + schema)
-	url, err := testdb.WithSchema(testdb.URL(), schema)
+	url, err := withSearchPath(exampleDatabaseURL(), schema)
 	if err != nil {
 		log.Fatal(err)
 	}

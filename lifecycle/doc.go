@@ -1,6 +1,17 @@
 // Package lifecycle runs a service's long-running parts and stops them in a
 // fixed order, each within its own budget, when SIGTERM or SIGINT arrives.
 //
+// Usage:
+//
+//	g, _ := lifecycle.New(nil) // SIGTERM, SIGINT; SHUTDOWN_TIMEOUT-like budget
+//	g.Add(lifecycle.Stage{Name: "http", Budget: 10 * time.Second, Components: []lifecycle.Component{lifecycle.NewHTTPServer(srv, ln)}})
+//	g.Add(lifecycle.Stage{Name: "consumers", Components: []lifecycle.Component{consumer}})
+//	g.Add(lifecycle.Stage{Name: "relay", Components: []lifecycle.Component{relay, purger}})
+//	g.Add(lifecycle.Stage{Name: "pool", Components: []lifecycle.Component{lifecycle.Closer(pool.Close)}})
+//	err := g.Run(ctx) // starts all, waits for the signal, stops in order
+//
+// # How the stop runs
+//
 // A [Group] holds stages in stop order. Run starts every component (the last
 // stage first, so that the pool exists before the HTTP server that uses
 // it), marks the group ready, and waits. On the first trigger — a signal,
@@ -48,10 +59,13 @@
 // after the consumers, never instead of them.
 //
 // The outcome is reported: Run returns nil only for a clean stop (every
-// stage within its budget, no failure, no second signal); a stage cut off
-// at its budget is a [*StageCutOffError] matching [ErrStageCutOff], one per
-// stage, so that a supervisor (or a chaos test) can tell a bounded stop
-// from a clean one. A shutdown that begins before the group is ready is
+// stage within its budget, no component error, no second signal). A stage
+// whose components needed their hard stop, and returned from it within the
+// stage's budget, is clean: it is logged at Warn with the soft deadline it
+// passed and the number hard-stopped. A stage still running at the end of
+// its budget (a component ignored even its hard stop) is a
+// [*StageCutOffError] matching [ErrStageCutOff], one per stage, so that a
+// supervisor (or a chaos test) can tell a bounded stop from a clean one. A shutdown that begins before the group is ready is
 // clean if what had started stops cleanly.
 //
 // # What it does not guarantee

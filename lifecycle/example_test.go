@@ -68,12 +68,14 @@ func ExampleStageCutOffError() {
 	if err != nil {
 		panic(err)
 	}
-	// A worker whose batch in hand outlives its 200ms budget; only the hard
-	// stop (the end of its WorkContext) ends it.
+	// A worker stuck in a call that ignores its contexts, even the hard
+	// stop (the end of its WorkContext): it outlives its 200ms budget. (A
+	// worker that ends at its hard stop within the budget is a clean stop,
+	// logged at Warn.)
+	release := make(chan struct{})
+	defer close(release)
 	worker := lifecycle.Go("worker", func(ctx context.Context) error {
-		batch, cancel := lifecycle.WorkContext(ctx)
-		defer cancel()
-		<-batch.Done()
+		<-release
 		return nil
 	})
 	_ = g.Add(lifecycle.Stage{Name: "worker", Budget: 200 * time.Millisecond, Components: []lifecycle.Component{worker}})
@@ -92,4 +94,52 @@ func ExampleStageCutOffError() {
 	}
 	// Output:
 	// cut off: worker true
+}
+
+// Example_stopOrder is the usual stop order of a service built on idem,
+// one stage per line below, each with its budget inside ShutdownTimeout:
+// the HTTP server first (no new request starts anything), then the
+// consumers (finish the record in hand, commit), then the relay and the
+// purgers (finish the batch in hand), then the Kafka clients (flush),
+// then an embedded broker if the program runs one, and the pool last,
+// since every stage before it may still use it. Components start in the
+// reverse order. Here each stage is a stand-in that prints its name; in a
+// service the comment names what goes there.
+func Example_stopOrder() {
+	g, err := lifecycle.New(&lifecycle.Config{
+		ShutdownTimeout: 25 * time.Second,
+		Logger:          slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Signals:         []os.Signal{}, // the trigger is ctx; a program keeps the default (SIGTERM, SIGINT)
+	})
+	if err != nil {
+		panic(err)
+	}
+	stage := func(name string, budget time.Duration) {
+		_ = g.Add(lifecycle.Stage{Name: name, Budget: budget, Components: []lifecycle.Component{
+			&lifecycle.Funcs{StopFunc: func(context.Context) error { fmt.Println("stopped", name); return nil }},
+		}})
+	}
+	stage("http", 10*time.Second)     // lifecycle.NewHTTPServer(srv, ln)
+	stage("consumers", 5*time.Second) // *kafka.Consumer
+	stage("relay", 5*time.Second)     // *outbox.Relay, *idempotency.Purger, *inbox.Purger
+	stage("kafka", time.Second)       // lifecycle.Closer(client.Close) for each *kgo.Client
+	stage("broker", time.Second)      // lifecycle.Closer(cluster.Close) for an embedded kfake
+	stage("pool", time.Second)        // lifecycle.Closer(pool.Close)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		for !g.Ready() {
+			time.Sleep(time.Millisecond) // polling interval
+		}
+		cancel() // as SIGTERM would
+	}()
+	fmt.Println(g.Run(ctx))
+	// Output:
+	// stopped http
+	// stopped consumers
+	// stopped relay
+	// stopped kafka
+	// stopped broker
+	// stopped pool
+	// <nil>
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -137,9 +138,14 @@ var (
 	ErrAlreadyRun = errors.New("lifecycle: group already run")
 	// ErrStageCutOff is returned by Run, wrapped in one *StageCutOffError
 	// per stage, when a stage was still running at the end of its budget:
-	// its stragglers were hard-stopped, and those that ignored even that
-	// were abandoned. The stop was bounded, as designed, but not clean:
-	// work in hand was cut off and will be repeated.
+	// its stragglers were hard-stopped and some ignored even that and were
+	// abandoned, still running. The stop was bounded, as designed, but not
+	// clean. A stage that passed its soft deadline and whose stragglers
+	// returned from their hard stop within the budget is not cut off: it
+	// is logged ("stage passed its soft deadline: hard-stopped within its
+	// budget", with the soft deadline and the count hard-stopped) and the
+	// stop is clean, because a hard stop abandons work in hand the
+	// designed way (rolled back, redelivered later).
 	ErrStageCutOff = errors.New("lifecycle: stage cut off at its budget")
 )
 
@@ -666,10 +672,18 @@ func (g *Group) stopStage(st Stage, comps []Component, stageEnd time.Time, hard 
 		pending[i] = true
 	}
 	var errs []error
+	// stopped: components known to have stopped. A Stop that returns nil
+	// or its own error has; one that returns its ctx's error (the soft
+	// deadline came first) has not, and neither has the component until
+	// its HardStop returns nil.
+	stopped := make(map[int]bool, len(comps))
 	collect := func(r result) {
 		delete(pending, r.i)
-		if r.err != nil && !errors.Is(r.err, context.DeadlineExceeded) && !errors.Is(r.err, context.Canceled) &&
-			(cause == nil || !errors.Is(r.err, cause)) {
+		ctxErr := r.err != nil && (errors.Is(r.err, context.DeadlineExceeded) || errors.Is(r.err, context.Canceled))
+		if !ctxErr {
+			stopped[r.i] = true
+		}
+		if r.err != nil && !ctxErr && (cause == nil || !errors.Is(r.err, cause)) {
 			errs = append(errs, fmt.Errorf("lifecycle: stop %s: %w", st.Name, r.err))
 		}
 	}
@@ -687,19 +701,32 @@ soft:
 			break soft
 		}
 	}
-	hardStopped := len(pending)
-	if len(pending) > 0 {
+	// A Stop that gave up at the soft deadline (its ctx's error, collected
+	// before or after the deadline was seen) is a straggler like one still
+	// running.
+	var stragglers []int
+	for i := range comps {
+		if !stopped[i] {
+			stragglers = append(stragglers, i)
+		}
+	}
+	if len(stragglers) > 0 {
+		overran = overran || !forced
 		// Cut off: hard-stop the stragglers, then wait a little for their
 		// Stop to return; past that the stage is abandoned.
 		var rest []Component
-		for i := range pending {
+		for _, i := range stragglers {
 			rest = append(rest, comps[i])
 		}
 		cut := stageEnd
 		if forced {
 			cut = hardUntil()
 		}
-		g.hardStopAll(rest, cut)
+		for j, ok := range g.hardStopAll(rest, cut) {
+			if ok {
+				stopped[stragglers[j]] = true
+			}
+		}
 		wait := time.NewTimer(time.Until(cut))
 	wait:
 		for len(pending) > 0 {
@@ -712,13 +739,32 @@ soft:
 		}
 		wait.Stop()
 	}
+	hardStopped := len(stragglers)
+	abandoned := 0
+	for _, i := range stragglers {
+		if !stopped[i] {
+			abandoned++
+		}
+	}
 	attrs := []any{"stage", st.Name, "duration", time.Since(t0).Round(time.Millisecond), "budget", stageEnd.Sub(t0).Round(time.Millisecond)}
 	switch {
 	case forced:
-		log.Warn("stage hard-stopped", append(attrs, "abandoned", len(pending))...)
+		log.Warn("stage hard-stopped", append(attrs, "abandoned", abandoned)...)
+	case overran && abandoned == 0:
+		// Past the soft deadline, the stragglers got their hard stop and
+		// returned inside the stage's budget: their work in hand was
+		// abandoned the designed way (rolled back, redelivered later), so
+		// the stop is still a clean one; the log says which deadline was
+		// passed and that a hard stop was needed, not a cut-off.
+		log.Warn("stage passed its soft deadline: hard-stopped within its budget", append(attrs,
+			"soft_deadline", softDeadline.Sub(t0).Round(time.Millisecond), "hard_stopped", hardStopped)...)
+		if len(errs) > 0 {
+			log.Error("stage stopped with errors", append(attrs, "error", errors.Join(errs...))...)
+		}
 	case overran:
-		log.Warn("stage exceeded its budget: cut off", append(attrs, "abandoned", len(pending))...)
-		errs = append(errs, &StageCutOffError{Stage: st.Name, Budget: stageEnd.Sub(t0).Round(time.Millisecond), HardStopped: hardStopped, Abandoned: len(pending)})
+		log.Warn("stage exceeded its budget: cut off", append(attrs,
+			"soft_deadline", softDeadline.Sub(t0).Round(time.Millisecond), "hard_stopped", hardStopped, "abandoned", abandoned)...)
+		errs = append(errs, &StageCutOffError{Stage: st.Name, Budget: stageEnd.Sub(t0).Round(time.Millisecond), HardStopped: hardStopped, Abandoned: abandoned})
 	case len(errs) > 0:
 		log.Error("stage stopped with errors", append(attrs, "error", errors.Join(errs...))...)
 	default:
@@ -728,21 +774,31 @@ soft:
 }
 
 // hardStopAll calls HardStop on every component that has one, concurrently,
-// and waits until they return or until, whichever is first.
-func (g *Group) hardStopAll(comps []Component, until time.Time) {
+// and waits until they return or until, whichever is first. It reports,
+// per component, whether its HardStop returned nil in time (the component
+// has stopped); false for one without HardStop.
+func (g *Group) hardStopAll(comps []Component, until time.Time) []bool {
 	ctx, cancel := context.WithDeadline(context.Background(), until)
 	defer cancel()
+	var mu sync.Mutex
+	ok := make([]bool, len(comps))
 	var wg sync.WaitGroup
-	for _, c := range comps {
-		hs, ok := c.(HardStopper)
-		if !ok {
+	for i, c := range comps {
+		hs, has := c.(HardStopper)
+		if !has {
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := hs.HardStop(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			err := hs.HardStop(ctx)
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 				g.cfg.Logger.Warn("hard stop failed", "error", err)
+			}
+			if err == nil && ctx.Err() == nil {
+				mu.Lock()
+				ok[i] = true
+				mu.Unlock()
 			}
 		}()
 	}
@@ -752,4 +808,7 @@ func (g *Group) hardStopAll(comps []Component, until time.Time) {
 	case <-finished:
 	case <-ctx.Done():
 	}
+	mu.Lock()
+	defer mu.Unlock()
+	return slices.Clone(ok)
 }

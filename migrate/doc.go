@@ -2,6 +2,15 @@
 // tables behind the idempotency, outbox and inbox packages) and, with the
 // same machinery, an application's own set.
 //
+// Usage:
+//
+//	applied, err := migrate.Up(ctx, pool) // idem's tables, once per deploy
+//	// or: idem migrate up
+//	m, err := migrate.Load(appMigrations, "migrations", &migrate.Config{Table: "app_migration"})
+//	_, err = m.Up(ctx, pool) // an application's own set
+//
+// # Guarantees
+//
 // Files are named NNN_name.up.sql and NNN_name.down.sql and embedded with
 // the go:embed directive. A set is validated when it is loaded (idem's own
 // when the package initialises): versions start at 1 with no gap, no

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/migrate"
 )
 
@@ -24,7 +23,7 @@ func exampleSchema() (string, func()) {
 	_, _ = rand.Read(b[:])
 	schema := "ex_" + hex.EncodeToString(b[:])
 	admin := func(sql string) {
-		c, err := pgx.Connect(ctx, testdb.URL())
+		c, err := pgx.Connect(ctx, exampleDatabaseURL())
 		if err != nil {
 			panic(err)
 		}
@@ -34,7 +33,7 @@ func exampleSchema() (string, func()) {
 		}
 	}
 	admin("CREATE SCHEMA " + schema)
-	url, err := testdb.WithSchema(testdb.URL(), schema)
+	url, err := withSearchPath(exampleDatabaseURL(), schema)
 	if err != nil {
 		panic(err)
 	}

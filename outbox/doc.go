@@ -2,6 +2,18 @@
 // producer's own database transaction (EnqueueTx) and a Relay publishes
 // them in batches to a Publisher (package kafka provides one for franz-go).
 //
+// Usage:
+//
+//	// in the business transaction:
+//	_, err := outbox.EnqueueTx(ctx, tx, outbox.Message{
+//		Topic: "orders.events", AggregateType: "order", AggregateID: id,
+//		EventType: "OrderConfirmed", Payload: payload,
+//	})
+//	// once per process:
+//	pub, err := kafka.NewPublisher(client, nil)
+//	relay, err := outbox.NewRelay(pool, pub, nil)
+//	_ = relay.Start(ctx) // lifecycle stops it
+//
 // # Guarantee
 //
 // An event is published if and only if the transaction that enqueued it

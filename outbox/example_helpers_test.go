@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/migrate"
 )
 
@@ -22,7 +21,7 @@ func exampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
 	_, _ = rand.Read(b[:])
 	schema := "ex_" + hex.EncodeToString(b[:])
 	admin := func(sql string) {
-		c, err := pgx.Connect(ctx, testdb.URL())
+		c, err := pgx.Connect(ctx, exampleDatabaseURL())
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -32,7 +31,7 @@ func exampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
 		}
 	}
 	admin("CREATE SCHEMA " + schema)
-	url, err := testdb.WithSchema(testdb.URL(), schema)
+	url, err := withSearchPath(exampleDatabaseURL(), schema)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -3,6 +3,12 @@
 // ledger, and the typed client of it: Client.Charge, the payment adapter a
 // service such as billing calls. `idem paysim` runs it as a process.
 //
+// Usage:
+//
+//	srv, _ := paysim.New(nil) // an http.Handler: POST /charges, GET /ledger
+//	cl, _ := paysim.NewClient(baseURL, idemClient)
+//	res, err := cl.Charge(ctx, paysim.ChargeCommand{IdempotencyKey: key, OrderID: "o-1", AmountKopecks: 1000})
+//
 // # HTTP contract (docs/contracts.md)
 //
 //	POST /charges  Idempotency-Key, {"order_id","customer_id","amount_kopecks"} → 201 {"charge_id"}, or 402 CARD_DECLINED

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -96,12 +95,9 @@ func benchInboxProduce(ctx context.Context, addrs []string, topic string, partit
 		return err
 	}
 	defer cl.Close()
-	resp, err := kadm.NewClient(cl).CreateTopic(ctx, int32(partitions), 1, nil, topic)
-	if err == nil {
-		err = resp.Err
-	}
-	if err != nil {
-		return fmt.Errorf("create topic: %w", err)
+	// The dead-letter topic too: the consumer checks it at Start.
+	if err := kafka.EnsureTopics(ctx, cl, int32(partitions), topic, topic+kafka.DeadLetterSuffixDefault); err != nil {
+		return err
 	}
 	const chunk = 5000
 	for from := 0; from < n; from += chunk {

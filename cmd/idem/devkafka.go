@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"net"
@@ -38,7 +39,8 @@ directory: every write reaches the operating system before the broker answers,
 so a SIGKILL loses nothing that was acknowledged (--sync also fsyncs every
 batch, for machine crashes). SIGTERM or SIGINT stops it gracefully (a second
 signal stops it at once). Topics are created on first use with --partitions
-partitions; --topics creates them up front.
+partitions; --topics creates the missing ones up front, on a fresh or an
+existing --data-dir alike (an existing topic is left as it is).
 
 --advertise names another address in the broker's metadata than the one it
 listens on, so that clients reach it through a proxy in front of it (every
@@ -144,6 +146,16 @@ func runDevkafka(ctx context.Context, args []string) error {
 		return fmt.Errorf("start broker on port %d: %w", *port, err)
 	}
 	autoCreateTopics(c, int32(*partitions))
+	// kfake seeds topics only into a fresh data directory: a directory
+	// that already holds state is loaded as it is and SeedTopics ignored.
+	// Creating each --topics topic here makes the flag mean the same on
+	// every start; one that exists already is left as it is.
+	for _, t := range seed {
+		if err := c.CreateTopic(t, int32(*partitions), nil); err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			c.Close()
+			return fmt.Errorf("create topic %s: %w", t, err)
+		}
+	}
 	// kfake keeps a member that died while its JoinGroup waited, for
 	// ever, with the partitions it was given: the reaper expires it at its
 	// session timeout, as Kafka does (see package kfakereap).

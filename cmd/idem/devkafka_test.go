@@ -376,3 +376,44 @@ func TestDevkafkaAdvertise(t *testing.T) {
 		t.Errorf("%d connections through the proxy, want a reconnection after the cut", acc)
 	}
 }
+
+// --topics on a data directory that already holds state: kfake loads the
+// directory and ignores its seed topics, so the flag used to do nothing
+// there (topics.json kept what the first start wrote). Each start must
+// create the topics it names that are missing and leave the others.
+func TestDevkafkaTopicsOnExistingDataDir(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	port := fmt.Sprint(freePort(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	p := startDevkafka(t, "--data-dir", dir, "--port", port, "--partitions", "2", "--topics", "first")
+	if err := p.signal(t, syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM: %v, want exit 0", err)
+	}
+	// The second start names an existing topic and a new one, with another
+	// partition count: the new one gets it, the existing one keeps its own.
+	p = startDevkafka(t, "--data-dir", dir, "--port", port, "--partitions", "4", "--topics", "first,second")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(p.addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	topics, err := kadm.NewClient(cl).ListTopics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !topics.Has("first") || !topics.Has("second") {
+		t.Fatalf("topics on the existing data dir: %v, want first and second", topics.Names())
+	}
+	if n := len(topics["first"].Partitions); n != 2 {
+		t.Errorf("first has %d partitions, want its own 2", n)
+	}
+	if n := len(topics["second"].Partitions); n != 4 {
+		t.Errorf("second has %d partitions, want 4", n)
+	}
+	if err := p.signal(t, syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM: %v, want exit 0", err)
+	}
+}

@@ -3,6 +3,14 @@
 // for its broker and calls Run. The kit checks the consumer's promises end
 // to end, through the driver:
 //
+// Usage:
+//
+//	func TestMyDriver(t *testing.T) {
+//		consumertest.Run(t, consumertest.Harness{New: newBroker, Attach: attachBroker})
+//	}
+//
+// # What it checks
+//
 //   - CommitAfterDBCommit: a message is acknowledged to the broker only
 //     after its transaction committed, never when the commit fails;
 //   - KillAfterDBCommit: a consumer process SIGKILLed between a

@@ -4,6 +4,14 @@
 // with real concurrency (many goroutines claiming one key: exactly one
 // winner; racing claims against a renewing owner: no winner).
 //
+// Usage:
+//
+//	func TestMyStore(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T) idempotency.Store { return newMyStore(t) })
+//	}
+//
+// # What it checks
+//
 // The contract a store must keep, beyond each method's doc:
 //
 //   - Leases and retentions are measured in the store's own clock, from the

@@ -5,6 +5,16 @@
 // broker. It knows no broker: the caller's Broker says how to read a
 // topic and how to make one fail.
 //
+// Usage:
+//
+//	func TestMyPublisher(t *testing.T) {
+//		publishertest.Run(t, func(t *testing.T, topics []string) *publishertest.Broker {
+//			return &publishertest.Broker{Publisher: newMyPublisher(t, topics), Read: readTopic}
+//		})
+//	}
+//
+// # What it checks
+//
 // Call Run from a test of the publisher's package:
 //
 //	func TestPublisherSuite(t *testing.T) {

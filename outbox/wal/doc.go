@@ -6,6 +6,12 @@
 // table outbox of package outbox, not a replacement: the two compare
 // below, and a program picks one (billing: OUTBOX_MODE=table|wal).
 //
+// Usage:
+//
+//	_, err := wal.EnqueueTx(ctx, tx, outbox.Message{Topic: "orders.events", AggregateID: id, Payload: p})
+//	relay, err := wal.NewRelay(os.Getenv("DATABASE_URL"), pub, nil) // needs wal_level=logical
+//	_ = relay.Start(ctx)
+//
 // # Guarantees
 //
 //   - Atomic with the transaction: a message is decoded only when its

@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem/examples/billing/adapters/in/httpapi"
@@ -641,8 +640,9 @@ func isLoopback(a net.Addr) bool {
 	return ok && t.IP.IsLoopback()
 }
 
-// ensureTopics creates the flow's topics (and the consumer's dead-letter
-// topic) when missing. Replication -1 takes the broker's default.
+// ensureTopics creates the flow's topics (and each consumer's dead-letter
+// topic) when missing, through kafka.EnsureTopics. Replication is the
+// broker's default.
 func ensureTopics(ctx context.Context, brokers []string, partitions int32) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
@@ -651,15 +651,11 @@ func ensureTopics(ctx context.Context, brokers []string, partitions int32) error
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	topics := []string{usecase.TopicOrderEvents, usecase.TopicBillingCommands, usecase.TopicOrderEvents + kafka.DeadLetterSuffixDefault}
-	resps, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, -1, nil, topics...)
-	if err != nil {
-		return fmt.Errorf("billing: create topics on %s: %w", strings.Join(brokers, ","), err)
-	}
-	for _, r := range resps.Sorted() {
-		if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
-			return fmt.Errorf("billing: create topic %s: %w", r.Topic, r.Err)
-		}
+	if err := kafka.EnsureTopics(ctx, cl, partitions,
+		usecase.TopicOrderEvents, usecase.TopicBillingCommands,
+		usecase.TopicOrderEvents+kafka.DeadLetterSuffixDefault,
+		usecase.TopicBillingCommands+kafka.DeadLetterSuffixDefault); err != nil {
+		return fmt.Errorf("billing: topics on %s: %w", strings.Join(brokers, ","), err)
 	}
 	return nil
 }

@@ -99,6 +99,9 @@ func setup(t *testing.T, simCfg *paysim.Config, gateOpen bool) *bundle {
 	kc := testkafka.New(t)
 	kc.CreateTopic(t, usecase.TopicBillingCommands, 2)
 	kc.CreateTopic(t, usecase.TopicOrderEvents, 2)
+	// The consumers check their dead-letter topics at Start.
+	kc.CreateTopic(t, usecase.TopicBillingCommands+kafka.DeadLetterSuffixDefault, 1)
+	kc.CreateTopic(t, usecase.TopicOrderEvents+kafka.DeadLetterSuffixDefault, 1)
 	sim, err := paysim.New(simCfg)
 	if err != nil {
 		t.Fatal(err)
@@ -280,7 +283,6 @@ func TestDuplicateCommandChargesOnce(t *testing.T) {
 func TestOrderConsumerEmitsOneCommandPerEvent(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil, true)
-	b.kc.CreateTopic(t, usecase.TopicOrderEvents+kafka.DeadLetterSuffixDefault, 1)
 	ev := func(id, eventID string, payload string) *kgo.Record {
 		return &kgo.Record{Topic: usecase.TopicOrderEvents, Key: []byte(id), Value: []byte(payload), Headers: []kgo.RecordHeader{
 			{Key: kafka.HeaderEventID, Value: []byte(eventID)}, {Key: kafka.HeaderEventType, Value: []byte(usecase.EventOrderConfirmed)},

@@ -83,7 +83,7 @@ func deliverySuffix() string {
 
 func newOrderConsumer(db consume.DB, brokers []string, log *slog.Logger, hook func(context.Context, kafka.ConsumerEvent) context.Context, unsafeNoInbox bool, opts []kgo.Opt) (*kafka.Consumer, error) {
 	handler := func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
-		if t := header(rec, kafka.HeaderEventType); t != "" && t != usecase.EventOrderConfirmed {
+		if t := kafka.RecordEventType(rec); t != "" && t != usecase.EventOrderConfirmed {
 			return nil // another event type on the topic: not ours, marked done
 		}
 		err := usecase.HandleOrderConfirmed(ctx, postgres.New(tx), kafka.EventIDFromContext(ctx), rec.Value)
@@ -104,13 +104,4 @@ func newOrderConsumer(db consume.DB, brokers []string, log *slog.Logger, hook fu
 		cfg.EventID = DeliveryEventID
 	}
 	return kafka.NewConsumer(db, handler, cfg)
-}
-
-func header(rec *kgo.Record, key string) string {
-	for _, h := range rec.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
 }
