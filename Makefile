@@ -1,7 +1,7 @@
 # idem — the one command CI runs is `make test`.
 SHELL := /bin/bash
 GO ?= go
-SQLC_CONFIGS := $(shell find . -name sqlc.yaml -not -path './.git/*' | sort)
+SQLC_CONFIGS := $(shell find . -name sqlc.yaml -not -path './.git/*' -not -path './.release/*' -not -path './.bin/*' | sort)
 PKGS := ./...
 # Integrations with heavy dependencies (kafka-go, nats.go, go-redis,
 # OpenTelemetry, Prometheus), the reference service and the programs are Go
