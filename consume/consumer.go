@@ -31,9 +31,8 @@ type DB interface {
 //
 // It satisfies lifecycle.Component and lifecycle.HardStopper.
 type Consumer struct {
-	db      DB
+	db      backend
 	driver  Driver
-	handler Handler
 	inbox   *inbox.Inbox
 	cfg     Config
 	log     *slog.Logger
@@ -52,10 +51,15 @@ func New(db DB, driver Driver, handler Handler, cfg *Config) (*Consumer, error) 
 	switch {
 	case db == nil:
 		return nil, fmt.Errorf("%w: db is nil", ErrInvalidConfig)
-	case driver == nil:
-		return nil, fmt.Errorf("%w: driver is nil", ErrInvalidConfig)
 	case handler == nil:
 		return nil, fmt.Errorf("%w: handler is nil", ErrInvalidConfig)
+	}
+	return newConsumer(pgxBackend{db: db, h: handler}, driver, cfg)
+}
+
+func newConsumer(db backend, driver Driver, cfg *Config) (*Consumer, error) {
+	if driver == nil {
+		return nil, fmt.Errorf("%w: driver is nil", ErrInvalidConfig)
 	}
 	c := Config{}
 	if cfg != nil {
@@ -70,7 +74,7 @@ func New(db DB, driver Driver, handler Handler, cfg *Config) (*Consumer, error) 
 		return nil, fmt.Errorf("%w: InboxForm: %w", ErrInvalidConfig, err)
 	}
 	return &Consumer{
-		db: db, driver: driver, handler: handler, inbox: ib, cfg: c,
+		db: db, driver: driver, inbox: ib, cfg: c,
 		log:     c.Logger.With("consumer", c.ConsumerID),
 		backoff: backoff.Policy{Min: c.BackoffMin, Max: c.BackoffMax},
 	}, nil
