@@ -34,7 +34,9 @@ func NewSQLStore(db *sql.DB) *SQLStore {
 var _ TxStore = (*SQLStore)(nil)
 
 // Claim implements Store.
-func (s *SQLStore) Claim(ctx context.Context, c Claim) (ClaimResult, error) { return s.pg.Claim(ctx, c) }
+func (s *SQLStore) Claim(ctx context.Context, c Claim) (ClaimResult, error) {
+	return s.pg.Claim(ctx, c)
+}
 
 // Renew implements Store.
 func (s *SQLStore) Renew(ctx context.Context, key KeyHash, fence int64, lease time.Duration) error {
