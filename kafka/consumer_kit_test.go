@@ -5,11 +5,14 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "github.com/lib/pq"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem/consume"
 	"github.com/idemkit/idem/consume/consumertest"
+	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testkafka"
 	"github.com/idemkit/idem/kafka"
 )
@@ -28,6 +31,7 @@ func TestConsumerKit(t *testing.T) {
 		// default): this value fits with its few headers; its dead-letter
 		// copy, with the dead-letter headers, does not.
 		NearLimitValue: 1_000_012 - 300,
+		SQLDrivers:     testdb.SQLDrivers,
 	})
 }
 
