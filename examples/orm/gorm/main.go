@@ -12,11 +12,8 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
-	"log"
 	"net/http"
-	"os"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -24,7 +21,6 @@ import (
 	"github.com/idemkit/idem/consume"
 	"github.com/idemkit/idem/examples/orm/internal/ormtest"
 	"github.com/idemkit/idem/idempotency"
-	"github.com/idemkit/idem/migrate"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -134,37 +130,11 @@ func open(sdb *sql.DB) (*gorm.DB, error) {
 }
 
 func main() {
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		url = "postgres://postgres@127.0.0.1:5432/test"
-	}
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, url) // migrations only
-	if err != nil {
-		log.Fatal(err)
-	}
-	if _, err := migrate.Up(ctx, pool); err != nil {
-		log.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, ormtest.Schema); err != nil {
-		log.Fatal(err)
-	}
-	pool.Close()
-	sdb, err := sql.Open("pgx", url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	db, err := open(sdb)
-	if err != nil {
-		log.Fatal(err)
-	}
-	mw, err := idempotency.New(idempotency.NewSQLStore(sdb), &idempotency.Config{
-		Mode:  idempotency.ModeTransactional,
-		Scope: func(*http.Request) (string, error) { return "demo", nil }, // your authenticated principal
+	ormtest.Serve(func(sdb *sql.DB) (http.Handler, error) {
+		db, err := open(sdb)
+		if err != nil {
+			return nil, err
+		}
+		return orders(db), nil
 	})
-	if err != nil {
-		log.Fatal(err)
-	}
-	http.Handle("POST /orders", mw.Wrap(orders(db)))
-	log.Fatal(http.ListenAndServe(":8080", nil))
 }
