@@ -27,7 +27,8 @@ func Serve(orders func(sdb *sql.DB) (http.Handler, error)) {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := migrate.Up(ctx, pool); err == nil {
+	_, err = migrate.Up(ctx, pool)
+	if err == nil {
 		_, err = pool.Exec(ctx, Schema)
 	}
 	pool.Close()
