@@ -11,6 +11,7 @@ require (
 	github.com/idemkit/idem/otel v0.1.0
 	github.com/idemkit/idem/redisstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/lib/pq v1.12.3
 	github.com/nats-io/nats.go v1.55.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/twmb/franz-go v1.22.3

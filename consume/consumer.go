@@ -31,9 +31,8 @@ type DB interface {
 //
 // It satisfies lifecycle.Component and lifecycle.HardStopper.
 type Consumer struct {
-	db      DB
+	db      backend
 	driver  Driver
-	handler Handler
 	inbox   *inbox.Inbox
 	cfg     Config
 	log     *slog.Logger
@@ -55,10 +54,15 @@ func New(db DB, driver Driver, handler Handler, cfg *Config) (*Consumer, error) 
 	switch {
 	case db == nil:
 		return nil, fmt.Errorf("%w: db is nil", ErrInvalidConfig)
-	case driver == nil:
-		return nil, fmt.Errorf("%w: driver is nil", ErrInvalidConfig)
 	case handler == nil:
 		return nil, fmt.Errorf("%w: handler is nil", ErrInvalidConfig)
+	}
+	return newConsumer(pgxBackend{db: db, h: handler}, driver, cfg)
+}
+
+func newConsumer(db backend, driver Driver, cfg *Config) (*Consumer, error) {
+	if driver == nil {
+		return nil, fmt.Errorf("%w: driver is nil", ErrInvalidConfig)
 	}
 	c := Config{}
 	if cfg != nil {
@@ -74,7 +78,7 @@ func New(db DB, driver Driver, handler Handler, cfg *Config) (*Consumer, error) 
 	}
 	var purger *inbox.Purger
 	if !c.DisablePurge {
-		purger, err = inbox.NewPurger(db, &inbox.PurgerConfig{
+		purger, err = inbox.NewPurger(db.purgeDB(), &inbox.PurgerConfig{
 			Retention: c.Retention, PurgeInterval: c.PurgeInterval, PurgeBatchSize: c.PurgeBatchSize, Logger: c.Logger,
 		})
 		if err != nil {
@@ -82,7 +86,7 @@ func New(db DB, driver Driver, handler Handler, cfg *Config) (*Consumer, error) 
 		}
 	}
 	return &Consumer{
-		db: db, driver: driver, handler: handler, inbox: ib, cfg: c, purger: purger,
+		db: db, driver: driver, inbox: ib, cfg: c, purger: purger,
 		log:     c.Logger.With("consumer", c.ConsumerID),
 		backoff: backoff.Policy{Min: c.BackoffMin, Max: c.BackoffMax},
 	}, nil

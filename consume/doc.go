@@ -113,4 +113,10 @@
 //     given up on: leave it unlimited and let MaxAttempts and the
 //     dead-letter path decide, and keep AckWait above the time a fetch
 //     takes to process (Ack comes once per fetch).
+//
+// # database/sql
+//
+// NewSQL is New for a *sql.DB: the handler (SQLHandler) receives the
+// *sql.Tx that commits its inbox mark and its writes, and nothing else;
+// the ack follows the commit as with New. Every driver works with both.
 package consume

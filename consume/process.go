@@ -148,7 +148,7 @@ func (r *run) processOne(it *item) outcome {
 		if !prepared {
 			// Steps 1 and 2 of Config.Prepare: no transaction is open.
 			var seen bool
-			if seen, err = inbox.Seen(it.ctx, r.c.db, r.cfg.ConsumerID, m.EventID); err == nil {
+			if seen, err = r.c.db.seen(it.ctx, r.cfg.ConsumerID, m.EventID); err == nil {
 				if seen {
 					prepared = true // the transaction finds the duplicate
 				} else if v, perr := r.cfg.Prepare(it.ctx, m); perr != nil {
@@ -215,23 +215,23 @@ func (r *run) tryOne(it *item) (k Kind, herr, err error) {
 		return "", Permanent(err), nil
 	}
 	ctx := it.ctx
-	tx, err := r.c.db.Begin(ctx)
+	tx, err := r.c.db.begin(ctx)
 	if err != nil {
 		return "", nil, fmt.Errorf("consume: begin: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	first, err := r.c.inbox.MarkProcessedTx(ctx, tx, r.cfg.ConsumerID, it.m.EventID)
+	defer tx.rollback(context.WithoutCancel(ctx))
+	first, err := tx.mark(ctx, r.c.inbox, r.cfg.ConsumerID, it.m.EventID)
 	if err != nil {
 		return "", nil, err
 	}
 	k = KindDuplicate
 	if first {
-		if herr := r.c.handler(ctx, tx, it.m); herr != nil {
+		if herr := tx.handle(ctx, it.m); herr != nil {
 			return "", herr, nil
 		}
 		k = KindProcessed
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.commit(ctx); err != nil {
 		return "", nil, fmt.Errorf("consume: commit: %w", err)
 	}
 	r.dbCommitted()
@@ -311,16 +311,16 @@ func (r *run) processBatch(msgs []*Message) {
 
 func (r *run) tryBatch(items []*item) (kinds []Kind, herr, err error) {
 	ctx := r.work
-	tx, err := r.c.db.Begin(ctx)
+	tx, err := r.c.db.begin(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("consume: begin: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer tx.rollback(context.WithoutCancel(ctx))
 	ids := make([]string, len(items))
 	for i, it := range items {
 		ids[i] = it.m.EventID
 	}
-	first, err := r.c.inbox.MarkProcessedBatchTx(ctx, tx, r.cfg.ConsumerID, ids)
+	first, err := tx.markBatch(ctx, r.c.inbox, r.cfg.ConsumerID, ids)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -330,12 +330,12 @@ func (r *run) tryBatch(items []*item) (kinds []Kind, herr, err error) {
 		if !first[i] {
 			continue
 		}
-		if herr := r.c.handler(it.ctx, tx, it.m); herr != nil {
+		if herr := tx.handle(it.ctx, it.m); herr != nil {
 			return nil, herr, nil
 		}
 		kinds[i] = KindProcessed
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.commit(ctx); err != nil {
 		return nil, nil, fmt.Errorf("consume: commit: %w", err)
 	}
 	r.dbCommitted()

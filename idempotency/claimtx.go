@@ -2,6 +2,8 @@ package idempotency
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -9,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/idempotency/internal/dbsqlc"
+	"github.com/idemkit/idem/internal/sqlpgx"
 )
 
 // savepointSQL opens the savepoint the handler's writes run under, right
@@ -25,12 +28,24 @@ type ClaimTx struct {
 	claim Claim
 	tx    pgx.Tx  // the transaction: a *pipeTx over a pool, else pgx's
 	pipe  *pipeTx // tx when it is a *pipeTx
+	stx   *sql.Tx // the transaction of a SQLStore (tx is nil then)
 	done  bool
 }
 
 // Tx is the transaction to write through: what TxFromContext gives the
-// handler. Nested Begin opens a savepoint as usual.
-func (t *ClaimTx) Tx() pgx.Tx { return ownedTx{t.tx} }
+// handler. Nested Begin opens a savepoint as usual. It is nil for a claim
+// of a SQLStore: see SQLTx.
+func (t *ClaimTx) Tx() pgx.Tx {
+	if t.tx == nil {
+		return nil
+	}
+	return ownedTx{t.tx}
+}
+
+// SQLTx is the database/sql transaction to write through, for a claim of a
+// SQLStore (what SQLTxFromContext gives the handler); nil for a claim of a
+// PostgresStore. The ClaimTx ends it: never call its Commit or Rollback.
+func (t *ClaimTx) SQLTx() *sql.Tx { return t.stx }
 
 func (t *ClaimTx) conn() *pgx.Conn {
 	if t.pipe != nil {
@@ -56,6 +71,9 @@ func (t *ClaimTx) Commit(ctx context.Context, resp *Response, retention time.Dur
 		return pgx.ErrTxClosed
 	}
 	t.done = true
+	if t.stx != nil {
+		return t.commitSQL(ctx, resp, retention)
+	}
 	aborted := t.conn().PgConn().TxStatus() == 'E'
 	if aborted && (resp.Status < 400 || resp.Status >= 500) {
 		_ = t.rollback(context.WithoutCancel(ctx))
@@ -134,8 +152,59 @@ func (t *ClaimTx) Rollback(ctx context.Context) error {
 }
 
 func (t *ClaimTx) rollback(ctx context.Context) error {
+	if t.stx != nil {
+		return t.stx.Rollback()
+	}
 	if t.pipe != nil {
 		return t.pipe.Rollback(ctx)
 	}
 	return t.tx.Rollback(ctx)
+}
+
+// commitSQL is Commit over database/sql, which does not tell whether the
+// transaction is aborted: the record's statement finds out. In an aborted
+// transaction PostgreSQL refuses it (SQLSTATE 25P02) without running it,
+// so for a definitive 4xx the savepoint is rolled back and the record
+// written again, and for anything else nothing commits (ErrTxAborted).
+// The happy path is the pgx one: the record, then COMMIT.
+func (t *ClaimTx) commitSQL(ctx context.Context, resp *Response, retention time.Duration) error {
+	hdr, body, err := encodeResponse(resp)
+	if err != nil {
+		_ = t.stx.Rollback()
+		return err
+	}
+	params := dbsqlc.TxCompleteParams{
+		KeyHash: t.claim.Key[:], Fingerprint: t.claim.Fingerprint[:], Status: int32(resp.Status), Headers: hdr, Body: body,
+		RetentionS: retention.Seconds(),
+	}
+	q := dbsqlc.New(sqlpgx.DB{Q: t.stx})
+	_, err = q.TxComplete(ctx, params)
+	if err != nil && sqlpgx.SQLState(err) == "25P02" {
+		if resp.Status < 400 || resp.Status >= 500 {
+			_ = t.stx.Rollback()
+			return ErrTxAborted
+		}
+		if _, err := t.stx.ExecContext(ctx, "rollback to savepoint idem_handler"); err != nil {
+			_ = t.stx.Rollback()
+			return fmt.Errorf("idempotency: rollback to savepoint: %w", err)
+		}
+		_, err = q.TxComplete(ctx, params)
+	}
+	if err != nil {
+		_ = t.stx.Rollback()
+		switch {
+		case isDivisionByZero(err):
+			return ErrFenced
+		case errors.Is(err, sql.ErrTxDone):
+			// The handler committed or rolled back the request's
+			// transaction itself: its writes (if committed) went
+			// without the record.
+			return fmt.Errorf("%w: the handler ended the request's *sql.Tx: %w", ErrTxOwned, err)
+		}
+		return fmt.Errorf("idempotency: complete: %w", err)
+	}
+	if err := t.stx.Commit(); err != nil {
+		return fmt.Errorf("idempotency: commit: %w", err)
+	}
+	return nil
 }

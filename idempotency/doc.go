@@ -127,4 +127,8 @@
 // with SHA-256; a purged key (after retention) is a new key. The response
 // is buffered in memory; bodies over Config.MaxResponseBody are delivered
 // but replayed empty. MemoryStore is for one process only.
+//
+// NewSQLStore is PostgresStore over database/sql; in ModeTransactional the
+// handler then writes through SQLTxFromContext, a *sql.Tx
+// (docs/databasesql.md).
 package idempotency

@@ -413,7 +413,7 @@ func (m *Middleware) serveTx(next http.Handler, w http.ResponseWriter, r *http.R
 	// The open transaction holds the key (an advisory lock): there is no
 	// lease to renew. HandlerTimeout bounds how long it stays open,
 	// reckoned from when the claim was sent.
-	hctx, cancel := context.WithDeadline(context.WithValue(rq.ctx, txKey{}, ct.Tx()), sent.Add(m.cfg.HandlerTimeout))
+	hctx, cancel := context.WithDeadline(context.WithValue(rq.ctx, txKey{}, ct), sent.Add(m.cfg.HandlerTimeout))
 	rec := newRecorder(w)
 	panicked, pv := run(next, rec, r.WithContext(hctx))
 	cancel()

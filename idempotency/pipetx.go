@@ -2,12 +2,13 @@ package idempotency
 
 import (
 	"context"
-	"errors"
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/internal/sqlpgx"
 )
 
 // acquirer is a pool that hands out a dedicated connection (*pgxpool.Pool).
@@ -205,7 +206,5 @@ func (s *savepointTx) QueryRow(ctx context.Context, sql string, args ...any) pgx
 func (s *savepointTx) Conn() *pgx.Conn { return s.parent.conn }
 
 // isDivisionByZero is how TxComplete reports a fenced-out claim.
-func isDivisionByZero(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "22012"
-}
+// pgx's *pgconn.PgError and lib/pq's *pq.Error both carry the SQLSTATE.
+func isDivisionByZero(err error) bool { return sqlpgx.SQLState(err) == "22012" }

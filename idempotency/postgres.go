@@ -242,6 +242,12 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, c Claim) (*ClaimTx, Clai
 		}
 		ct = &ClaimTx{claim: c, tx: btx}
 	}
+	return endUnowned(ctx, ct, got, row)
+}
+
+// endUnowned turns the lock and the read of BeginClaim into its result,
+// and ends ct unless the key is ours.
+func endUnowned(ctx context.Context, ct *ClaimTx, got bool, row dbsqlc.TxReadRow) (*ClaimTx, ClaimResult, error) {
 	o, err := parseOutcome(row.Outcome)
 	var res ClaimResult
 	if err == nil {

@@ -68,4 +68,7 @@
 // are exactly what a restart or rebalance produces in bulk, so that is the
 // case to optimise. DO UPDATE stays available for callers that want the
 // row back (RETURNING).
+//
+// The functions ending in SQLTx (MarkProcessedSQLTx, SeenSQLTx) are the
+// same statements on a database/sql *sql.Tx.
 package inbox

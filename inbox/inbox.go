@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -11,13 +12,15 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/inbox/internal/dbsqlc"
+	"github.com/idemkit/idem/internal/sqlpgx"
 )
 
 // DBTX runs statements: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx. It is
 // what Seen, Purge and NewPurger need (each statement commits on its own
 // when given a pool), and the same shape as sqlc's generated DBTX. The
 // functions whose name ends in Tx take a pgx.Tx instead: their name is the
-// promise that they write inside the caller's transaction.
+// promise that they write inside the caller's transaction; those ending
+// in SQLTx take a database/sql *sql.Tx and run the same statements.
 type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -52,6 +55,9 @@ var (
 	ErrInvalidEventID = errors.New("inbox: invalid event id")
 	// ErrInvalidConfig wraps every Config validation error.
 	ErrInvalidConfig = errors.New("inbox: invalid config")
+	// ErrNilTx is returned by the functions whose name ends in Tx for a
+	// nil transaction: nothing is written or read.
+	ErrNilTx = errors.New("inbox: nil transaction")
 )
 
 // MaxEventIDBytes bounds an event id. It is the outbox's bound on the ids
@@ -153,6 +159,31 @@ func MarkProcessedTx(ctx context.Context, tx pgx.Tx, consumerID, eventID string)
 //
 // ctx governs the statement.
 func (ib *Inbox) MarkProcessedTx(ctx context.Context, tx pgx.Tx, consumerID, eventID string) (first bool, err error) {
+	if tx == nil {
+		return false, ErrNilTx
+	}
+	return ib.mark(ctx, tx, consumerID, eventID)
+}
+
+// MarkProcessedSQLTx is MarkProcessedTx of an Inbox with the default Form,
+// for a database/sql transaction.
+func MarkProcessedSQLTx(ctx context.Context, tx *sql.Tx, consumerID, eventID string) (first bool, err error) {
+	return defaultInbox.MarkProcessedSQLTx(ctx, tx, consumerID, eventID)
+}
+
+// MarkProcessedSQLTx is MarkProcessedTx for a database/sql transaction
+// (lib/pq, pgx's stdlib driver, or an ORM's *sql.Tx): the same statement
+// of ib's Form, with the same atomicity and concurrency. A nil tx is
+// ErrNilTx; a tx already committed or rolled back is an error wrapping
+// sql.ErrTxDone, and nothing is written.
+func (ib *Inbox) MarkProcessedSQLTx(ctx context.Context, tx *sql.Tx, consumerID, eventID string) (first bool, err error) {
+	if tx == nil {
+		return false, ErrNilTx
+	}
+	return ib.mark(ctx, sqlpgx.DB{Q: tx}, consumerID, eventID)
+}
+
+func (ib *Inbox) mark(ctx context.Context, tx DBTX, consumerID, eventID string) (first bool, err error) {
 	if consumerID == "" {
 		return false, ErrEmptyConsumerID
 	}
@@ -179,6 +210,22 @@ func (ib *Inbox) MarkProcessedTx(ctx context.Context, tx pgx.Tx, consumerID, eve
 // appears twice in eventIDs is first at most at its earliest position. The
 // same atomicity and concurrency rules as MarkProcessedTx apply to each id.
 func (ib *Inbox) MarkProcessedBatchTx(ctx context.Context, tx pgx.Tx, consumerID string, eventIDs []string) (first []bool, err error) {
+	if tx == nil {
+		return nil, ErrNilTx
+	}
+	return ib.markBatch(ctx, tx, consumerID, eventIDs)
+}
+
+// MarkProcessedBatchSQLTx is MarkProcessedBatchTx for a database/sql
+// transaction; see MarkProcessedSQLTx.
+func (ib *Inbox) MarkProcessedBatchSQLTx(ctx context.Context, tx *sql.Tx, consumerID string, eventIDs []string) (first []bool, err error) {
+	if tx == nil {
+		return nil, ErrNilTx
+	}
+	return ib.markBatch(ctx, sqlpgx.DB{Q: tx}, consumerID, eventIDs)
+}
+
+func (ib *Inbox) markBatch(ctx context.Context, tx DBTX, consumerID string, eventIDs []string) (first []bool, err error) {
 	if consumerID == "" {
 		return nil, ErrEmptyConsumerID
 	}
@@ -236,7 +283,28 @@ func (ib *Inbox) MarkProcessedBatchTx(ctx context.Context, tx pgx.Tx, consumerID
 // the event is new. Use it to skip work that must not run inside a
 // transaction for an event already processed (a consumer's Prepare step).
 func SeenTx(ctx context.Context, tx pgx.Tx, consumerID, eventID string) (bool, error) {
+	if tx == nil {
+		return false, ErrNilTx
+	}
 	return seen(ctx, tx, consumerID, eventID)
+}
+
+// SeenSQLTx is SeenTx for a database/sql transaction. A nil tx is
+// ErrNilTx.
+func SeenSQLTx(ctx context.Context, tx *sql.Tx, consumerID, eventID string) (bool, error) {
+	if tx == nil {
+		return false, ErrNilTx
+	}
+	return seen(ctx, sqlpgx.DB{Q: tx}, consumerID, eventID)
+}
+
+// SeenSQL is Seen on a *sql.DB: one statement outside any transaction,
+// with Seen's caveat (decide in MarkProcessedSQLTx).
+func SeenSQL(ctx context.Context, db *sql.DB, consumerID, eventID string) (bool, error) {
+	if db == nil {
+		return false, ErrNilTx
+	}
+	return seen(ctx, sqlpgx.DB{Q: db}, consumerID, eventID)
 }
 
 // Seen is SeenTx outside a transaction: one statement on db (a pool), which

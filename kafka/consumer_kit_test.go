@@ -5,11 +5,14 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "github.com/lib/pq"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem/consume"
 	"github.com/idemkit/idem/consume/consumertest"
+	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testkafka"
 	"github.com/idemkit/idem/kafka"
 )
@@ -30,6 +33,7 @@ func TestConsumerKit(t *testing.T) {
 		NearLimitValue: 1_000_012 - 300,
 		// A copy too large is dead-lettered as a reference (no value).
 		ReferenceCopy: true,
+		SQLDrivers:    testdb.SQLDrivers,
 	})
 }
 

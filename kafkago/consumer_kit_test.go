@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "github.com/lib/pq"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -12,6 +14,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consume"
 	"github.com/idemkit/idem/consume/consumertest"
+	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testkafka"
 	"github.com/idemkit/idem/kafkago"
 )
@@ -32,6 +35,7 @@ func TestConsumerKit(t *testing.T) {
 		},
 		Attach:         func(_ testing.TB, addr string) consumertest.Broker { return &kitBroker{addrs: []string{addr}} },
 		NearLimitValue: kitLimit - 300,
+		SQLDrivers:     testdb.SQLDrivers,
 	})
 }
 

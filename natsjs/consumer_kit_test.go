@@ -8,12 +8,15 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "github.com/lib/pq"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consume"
 	"github.com/idemkit/idem/consume/consumertest"
+	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/natsjs"
 )
 
@@ -35,6 +38,7 @@ func TestConsumerKit(t *testing.T) {
 			return &kitBroker{s: attach(t, url, prefix, false)}
 		},
 		NearLimitValue: kitMaxMsgSize - 300,
+		SQLDrivers:     testdb.SQLDrivers,
 	})
 }
 

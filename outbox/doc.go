@@ -211,4 +211,11 @@
 //   - Enqueueing for one aggregate serializes on that aggregate's counter
 //     row: keep such transactions short.
 //   - No order between different aggregates.
+//
+// # database/sql
+//
+// EnqueueSQLTx is EnqueueTx for a *sql.Tx (lib/pq, pgx's stdlib driver,
+// an ORM's transaction): the same statement and guarantees. The relay,
+// reaper and purges keep their own pgxpool, opened from the same URL
+// (docs/databasesql.md).
 package outbox

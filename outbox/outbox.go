@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/sqlpgx"
 	"github.com/idemkit/idem/outbox/internal/dbsqlc"
 )
 
@@ -31,6 +33,10 @@ var (
 	// of RunBatch) when a two-phase batch finished after its lease had been
 	// reaped: the token guard left the rows to their new owner.
 	ErrLeaseLost = errors.New("outbox: lease lost")
+	// ErrNilTx is returned by EnqueueTx and EnqueueSQLTx for a nil
+	// transaction: an event outside the caller's transaction would break
+	// the one promise of the outbox, so nothing is written anywhere.
+	ErrNilTx = errors.New("outbox: nil transaction")
 )
 
 // DBTX is what Enqueue, GetStatus, Requeue and the other one-statement
@@ -116,7 +122,27 @@ func NewEventID() string {
 // REPEATABLE READ or SERIALIZABLE such a concurrent enqueue fails with a
 // serialization error and must be retried, as usual at those levels.
 func EnqueueTx(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]string, error) {
+	if tx == nil {
+		return nil, ErrNilTx
+	}
 	return enqueue(ctx, tx, msgs)
+}
+
+// EnqueueSQLTx is EnqueueTx for a database/sql transaction (lib/pq, pgx's
+// stdlib driver, or an ORM's *sql.Tx): the same statement, the same
+// numbering, order, validation (ErrInvalidMessage) and doorbell, with the
+// same atomicity: the events commit or roll back with tx. A nil tx is
+// ErrNilTx; a tx already committed or rolled back is an error wrapping
+// sql.ErrTxDone, and nothing is written.
+//
+// The relay, the reaper and the purges are not part of the caller's
+// transaction: they keep their own pgxpool, opened from the same database
+// URL (see NewRelay).
+func EnqueueSQLTx(ctx context.Context, tx *sql.Tx, msgs ...Message) ([]string, error) {
+	if tx == nil {
+		return nil, ErrNilTx
+	}
+	return enqueue(ctx, sqlpgx.DB{Q: tx}, msgs)
 }
 
 // Enqueue is EnqueueTx for events that describe no other write: it runs
@@ -177,6 +203,10 @@ func enqueue(ctx context.Context, db DBTX, msgs []Message) ([]string, error) {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "outbox_event_event_id_key" {
 			return nil, fmt.Errorf("%w: duplicate EventID: %v", ErrInvalidMessage, pgErr.Detail)
+		}
+		// The same refusal from another database/sql driver (lib/pq).
+		if sqlpgx.SQLState(err) == "23505" && strings.Contains(err.Error(), "outbox_event_event_id_key") {
+			return nil, fmt.Errorf("%w: duplicate EventID: %v", ErrInvalidMessage, err)
 		}
 		return nil, fmt.Errorf("outbox: enqueue: %w", err)
 	}

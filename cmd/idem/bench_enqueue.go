@@ -23,7 +23,8 @@ func init() {
 			"plain (BEGIN, one INSERT of a business row, COMMIT: the baseline), enqueue-1\n" +
 			"(the same plus outbox.EnqueueTx of one event) and enqueue-10 (of ten events),\n" +
 			"each event of an aggregate of its own transaction; wal-1 and wal-10: the same\n" +
-			"events written to the WAL by the WAL outbox (package outbox/wal), no table row.\n" +
+			"events written to the WAL by the WAL outbox (package outbox/wal), no table row;\n" +
+			"sql-enqueue-1: enqueue-1 through database/sql (lib/pq) and outbox.EnqueueSQLTx.\n" +
 			"Ratios are to plain. Variants run interleaved in rounds. Scratch schema\n" +
 			"(dropped after). The wal-* variants need wal_level=logical on the server:\n" +
 			"without it they are skipped with one line and the rest runs (an explicit\n" +
@@ -121,6 +122,20 @@ func benchEnqueue(ctx context.Context, env *benchEnv, withWAL bool) ([]benchResu
 			op   func(context.Context) error
 		}{{"wal-1", op(1, true)}, {"wal-10", op(10, true)}}...)
 	}
+	// sql-enqueue-1 last: the ratios above index the variants before it.
+	sqlURL := u.Query()
+	sqlURL.Del("pool_max_conns")
+	su := *u
+	su.RawQuery = sqlURL.Encode()
+	sqlOp, closeSQL, err := sqlEnqueueVariant(su.String(), clients, run, &seq)
+	if err != nil {
+		return nil, err
+	}
+	defer closeSQL()
+	variants = append(variants, struct {
+		name string
+		op   func(context.Context) error
+	}{"sql-enqueue-1", sqlOp})
 	// Interleaved rounds, as in bench http: a drift of the shared machine
 	// falls on every variant alike.
 	dur := time.Duration(seconds) * time.Second
@@ -161,5 +176,11 @@ func benchEnqueue(ctx context.Context, env *benchEnv, withWAL bool) ([]benchResu
 		}
 		fmt.Fprintf(env.Log, "enqueue: wal-1 / plain = %.2f (target ≥ 0.75: %s)\n", r, verdict)
 	}
+	sr := results[len(results)-1].OpsPerSec / results[1].OpsPerSec
+	verdict := "met"
+	if sr < 0.8 {
+		verdict = "MISSED"
+	}
+	fmt.Fprintf(env.Log, "enqueue: sql-enqueue-1 / enqueue-1 = %.2f (target ≥ 0.8: %s)\n", sr, verdict)
 	return results, nil
 }

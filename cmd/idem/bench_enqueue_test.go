@@ -34,7 +34,7 @@ func TestBenchEnqueueJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &out); err != nil {
 		t.Fatalf("stdout is not one JSON object: %v\n%s", err, stdout)
 	}
-	want := []string{"plain", "enqueue-1", "enqueue-10", "wal-1", "wal-10"}
+	want := []string{"plain", "enqueue-1", "enqueue-10", "wal-1", "wal-10", "sql-enqueue-1"}
 	if out.Scenario != "enqueue" || len(out.Results) != len(want) {
 		t.Fatalf("unexpected results: %+v", out)
 	}
@@ -55,8 +55,8 @@ func TestBenchEnqueueJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &out); err != nil {
 		t.Fatalf("--wal=false: stdout is not one JSON object: %v\n%s", err, stdout)
 	}
-	if len(out.Results) != 3 || out.Results[2].Name != "enqueue-10" {
-		t.Errorf("--wal=false: %+v, want plain, enqueue-1, enqueue-10", out.Results)
+	if len(out.Results) != 4 || out.Results[2].Name != "enqueue-10" || out.Results[3].Name != "sql-enqueue-1" {
+		t.Errorf("--wal=false: %+v, want plain, enqueue-1, enqueue-10, sql-enqueue-1", out.Results)
 	}
 	// The bench wal test runs this scenario at the same time: count this
 	// run's schema only, by the name it printed.

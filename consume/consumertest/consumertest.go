@@ -41,6 +41,7 @@ package consumertest
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"strconv"
@@ -73,6 +74,12 @@ type Harness struct {
 	// message is dead-lettered that way and its stream moves on, instead
 	// of that it holds its stream. Defaults to false.
 	ReferenceCopy bool
+	// SQLDrivers are database/sql driver names (registered by the
+	// caller: "postgres" for lib/pq, "pgx" for pgx's stdlib) on which
+	// CommitAfterDBCommit and KillAfterDBCommit run again, with a
+	// consumer made by consume.NewSQL whose handler writes through the
+	// *sql.Tx. Defaults to none.
+	SQLDrivers []string
 }
 
 // Broker is one test's broker as the driver sees it.
@@ -127,14 +134,30 @@ func Run(t *testing.T, h Harness) {
 		runChild(t, h)
 		return
 	}
-	t.Run("CommitAfterDBCommit", func(t *testing.T) { t.Parallel(); testCommitAfterDBCommit(t, h) })
+	t.Run("CommitAfterDBCommit", func(t *testing.T) { t.Parallel(); testCommitAfterDBCommit(t, h, "") })
 	t.Run("KillAfterDBCommit", func(t *testing.T) {
 		t.Parallel()
 		for _, batch := range []bool{false, true} {
-			t.Run("batch="+strconv.FormatBool(batch), func(t *testing.T) { t.Parallel(); testKillAfterDBCommit(t, h, batch) })
+			t.Run("batch="+strconv.FormatBool(batch), func(t *testing.T) { t.Parallel(); testKillAfterDBCommit(t, h, batch, "") })
 		}
 	})
 	t.Run("GracefulStop", func(t *testing.T) { t.Parallel(); testGracefulStop(t, h) })
+	for i, driver := range h.SQLDrivers {
+		// One batch mode per driver, alternating: each driver is killed
+		// once, and both modes are covered over database/sql.
+		batch := i%2 == 1
+		t.Run("SQL/"+driver, func(t *testing.T) {
+			t.Parallel()
+			t.Run("CommitAfterDBCommit", func(t *testing.T) {
+				t.Parallel()
+				testCommitAfterDBCommit(t, h, driver)
+			})
+			t.Run("KillAfterDBCommit/batch="+strconv.FormatBool(batch), func(t *testing.T) {
+				t.Parallel()
+				testKillAfterDBCommit(t, h, batch, driver)
+			})
+		})
+	}
 	t.Run("PoisonInOrder", func(t *testing.T) {
 		t.Parallel()
 		for _, batch := range []bool{false, true} {
@@ -197,9 +220,29 @@ CREATE CONSTRAINT TRIGGER kit_check AFTER INSERT ON kit_effect
 	DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION kit_check();
 `
 
+const effectSQL = `INSERT INTO kit_effect (event_id, value) VALUES ($1, $2)`
+
 func effectHandler(ctx context.Context, tx pgx.Tx, m *consume.Message) error {
-	_, err := tx.Exec(ctx, `INSERT INTO kit_effect (event_id, value) VALUES ($1, $2)`, m.EventID, string(m.Value))
+	_, err := tx.Exec(ctx, effectSQL, m.EventID, string(m.Value))
 	return err
+}
+
+// sqlEffectHandler is effectHandler through the *sql.Tx of consume.NewSQL.
+func sqlEffectHandler(ctx context.Context, tx *sql.Tx, m *consume.Message) error {
+	_, err := tx.ExecContext(ctx, effectSQL, m.EventID, string(m.Value))
+	return err
+}
+
+// effectConsumer is a consumer with the effect handler: on the pgx pool,
+// or, for a sqlDriver, made by consume.NewSQL on that database/sql driver.
+func (w *world) effectConsumer(t *testing.T, sqlDriver string, mutate func(*consume.Config)) *consume.Consumer {
+	t.Helper()
+	if sqlDriver == "" {
+		return w.consumer(t, effectHandler, mutate)
+	}
+	return w.newConsumer(t, mutate, func(d consume.Driver, cfg *consume.Config) (*consume.Consumer, error) {
+		return consume.NewSQL(w.db.SQL(t, sqlDriver, 4), d, sqlEffectHandler, cfg)
+	})
 }
 
 func msgs(from, to, partitions int) []Msg {
@@ -212,6 +255,13 @@ func msgs(from, to, partitions int) []Msg {
 
 func (w *world) consumer(t *testing.T, h consume.Handler, mutate func(*consume.Config)) *consume.Consumer {
 	t.Helper()
+	return w.newConsumer(t, mutate, func(d consume.Driver, cfg *consume.Config) (*consume.Consumer, error) {
+		return consume.New(w.db.Pool, d, h, cfg)
+	})
+}
+
+func (w *world) newConsumer(t *testing.T, mutate func(*consume.Config), mk func(consume.Driver, *consume.Config) (*consume.Consumer, error)) *consume.Consumer {
+	t.Helper()
 	cfg := &consume.Config{
 		ConsumerID: w.group, BackoffMin: time.Millisecond, BackoffMax: 50 * time.Millisecond,
 		DeadLetterTimeout: 5 * time.Second, AckTimeout: 5 * time.Second, Logger: quiet(),
@@ -220,7 +270,7 @@ func (w *world) consumer(t *testing.T, h consume.Handler, mutate func(*consume.C
 		mutate(cfg)
 	}
 	d := w.broker.Driver(t, DriverConfig{Group: w.group, Topics: []string{w.topic}, DeadLetterTopic: w.dlq})
-	c, err := consume.New(w.db.Pool, d, h, cfg)
+	c, err := mk(d, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

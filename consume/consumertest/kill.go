@@ -2,6 +2,7 @@ package consumertest
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -29,6 +30,7 @@ const (
 	childGroup    = "IDEM_CONSUMERTEST_GROUP"
 	childTopic    = "IDEM_CONSUMERTEST_TOPIC"
 	childBatch    = "IDEM_CONSUMERTEST_BATCH"
+	childSQL      = "IDEM_CONSUMERTEST_SQL" // the database/sql driver, or empty for pgx
 	childFinished = "consumertest-child: handled=%d duplicates=%d\n"
 )
 
@@ -43,11 +45,11 @@ const (
 //  3. child C handles the rest: the messages B committed come back and are
 //     duplicates (the handler does not run for them), every event has
 //     exactly one effect, and all 300 are acked after C's graceful stop.
-func testKillAfterDBCommit(t *testing.T, h Harness, batch bool) {
+func testKillAfterDBCommit(t *testing.T, h Harness, batch bool, sqlDriver string) {
 	w := newWorld(t, h, 3)
 	env := []string{
 		childEnv + "=1", childBroker + "=" + w.broker.Addr(), childDB + "=" + w.db.URL,
-		childGroup + "=" + w.group, childTopic + "=" + w.topic, childBatch + "=" + fmt.Sprint(batch),
+		childGroup + "=" + w.group, childTopic + "=" + w.topic, childBatch + "=" + fmt.Sprint(batch), childSQL + "=" + sqlDriver,
 		failpoint.EnvVar + "=",
 	}
 	w.broker.Produce(t, w.topic, msgs(0, 100, 3)...)
@@ -165,9 +167,7 @@ func runChild(t *testing.T, h Harness) {
 	broker := h.Attach(t, os.Getenv(childBroker))
 	var handled, dups atomic.Int64
 	d := broker.Driver(t, DriverConfig{Group: os.Getenv(childGroup), Topics: []string{os.Getenv(childTopic)}, DeadLetterTopic: os.Getenv(childTopic) + ".dlq"})
-	c, err := consume.New(pool, d, func(ctx context.Context, tx pgx.Tx, m *consume.Message) error {
-		return effectHandler(ctx, tx, m)
-	}, &consume.Config{
+	cfg := &consume.Config{
 		ConsumerID: os.Getenv(childGroup), Batch: os.Getenv(childBatch) == "true",
 		AckTimeout: 5 * time.Second, Logger: quiet(),
 		Hook: func(ctx context.Context, e consume.Event) context.Context {
@@ -179,7 +179,20 @@ func runChild(t *testing.T, h Harness) {
 			}
 			return ctx
 		},
-	})
+	}
+	var c *consume.Consumer
+	if driver := os.Getenv(childSQL); driver != "" {
+		sdb, oerr := sql.Open(driver, os.Getenv(childDB))
+		if oerr != nil {
+			t.Fatal(oerr)
+		}
+		defer sdb.Close()
+		c, err = consume.NewSQL(sdb, d, sqlEffectHandler, cfg)
+	} else {
+		c, err = consume.New(pool, d, func(ctx context.Context, tx pgx.Tx, m *consume.Message) error {
+			return effectHandler(ctx, tx, m)
+		}, cfg)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func quiet() *slog.Logger {
 // the handler returned) until the test lifts the fault. While it fails,
 // the broker must not have ev-5 acknowledged; a driver or core that acked
 // before the commit would. Then everything commits and is acked.
-func testCommitAfterDBCommit(t *testing.T, h Harness) {
+func testCommitAfterDBCommit(t *testing.T, h Harness, sqlDriver string) {
 	w := newWorld(t, h, 1)
 	ctx := context.Background()
 	if _, err := w.db.Pool.Exec(ctx, `INSERT INTO kit_fail VALUES ('ev-5')`); err != nil {
@@ -52,7 +52,7 @@ func testCommitAfterDBCommit(t *testing.T, h Harness) {
 		}
 		return ctx
 	}
-	c := w.consumer(t, effectHandler, func(cfg *consume.Config) { cfg.Hook = hook })
+	c := w.effectConsumer(t, sqlDriver, func(cfg *consume.Config) { cfg.Hook = hook })
 	start(t, c)
 	w.broker.Produce(t, w.topic, msgs(0, 10, 1)...)
 	select {

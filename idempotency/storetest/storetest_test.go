@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "github.com/lib/pq"
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/idempotency"
@@ -32,6 +34,21 @@ func TestPostgresStore(t *testing.T) {
 		// Racers claim at once: give them connections to race on.
 		return idempotency.NewPostgresStore(testdb.New(t, testdb.MaxConns(storetest.Racers/2)).Pool)
 	})
+}
+
+// TestSQLStore runs the whole suite, the transactional part included, on
+// database/sql with each driver.
+func TestSQLStore(t *testing.T) {
+	t.Parallel()
+	for _, driver := range testdb.SQLDrivers {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			storetest.RunTx(t, func(t *testing.T) idempotency.TxStore {
+				db := testdb.New(t, testdb.MaxConns(1))
+				return idempotency.NewSQLStore(db.SQL(t, driver, storetest.Racers/2))
+			})
+		})
+	}
 }
 
 // TestSuiteCatchesBrokenStores proves the suite can fail: it runs the suite

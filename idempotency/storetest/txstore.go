@@ -71,8 +71,10 @@ func rollbackAtEnd(t *testing.T, tx *idempotency.ClaimTx) {
 func testTxCommit(t *testing.T, s idempotency.TxStore) {
 	k := newKey(t)
 	tx, _ := beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeClaimed)
-	if err := tx.Tx().Commit(t.Context()); !errors.Is(err, idempotency.ErrTxOwned) {
-		t.Fatalf("the claim's own pgx.Tx Commit: %v, want ErrTxOwned (only ClaimTx.Commit ends it)", err)
+	if tx.SQLTx() == nil {
+		if err := tx.Tx().Commit(t.Context()); !errors.Is(err, idempotency.ErrTxOwned) {
+			t.Fatalf("the claim's own pgx.Tx Commit: %v, want ErrTxOwned (only ClaimTx.Commit ends it)", err)
+		}
 	}
 	if err := tx.Commit(t.Context(), sampleResponse(), Long); err != nil {
 		t.Fatal(err)
@@ -202,9 +204,7 @@ func testTxFencedByTwoStep(t *testing.T, s idempotency.TxStore) {
 func testTxFailedStatement4xx(t *testing.T, s idempotency.TxStore) {
 	k := newKey(t)
 	tx, _ := beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeClaimed)
-	if _, err := tx.Tx().Exec(t.Context(), "SELECT 1/0"); err == nil {
-		t.Fatal("SELECT 1/0 succeeded")
-	}
+	failStatement(t, tx)
 	conflict := &idempotency.Response{Status: http.StatusConflict, Header: http.Header{}, Body: []byte(`{"error":"taken"}`)}
 	if err := tx.Commit(t.Context(), conflict, Long); err != nil {
 		t.Fatalf("Commit of a 409 after a failed statement: %v, want it stored", err)
@@ -219,11 +219,24 @@ func testTxFailedStatement4xx(t *testing.T, s idempotency.TxStore) {
 func testTxFailedStatementSuccess(t *testing.T, s idempotency.TxStore) {
 	k := newKey(t)
 	tx, _ := beginClaim(t, s, claimOf(k, fp("a"), Long, Long), idempotency.OutcomeClaimed)
-	if _, err := tx.Tx().Exec(t.Context(), "SELECT 1/0"); err == nil {
-		t.Fatal("SELECT 1/0 succeeded")
-	}
+	failStatement(t, tx)
 	if err := tx.Commit(t.Context(), sampleResponse(), Long); !errors.Is(err, idempotency.ErrTxAborted) {
 		t.Fatalf("Commit of a 201 after a failed statement: %v, want ErrTxAborted", err)
 	}
 	mustClaim(t, s, claimOf(k, fp("b"), Long, Long), idempotency.OutcomeClaimed)
+}
+
+// failStatement runs a statement that fails in the claim's transaction,
+// through the handler's view of it (a pgx.Tx, or a SQLStore's *sql.Tx).
+func failStatement(t *testing.T, tx *idempotency.ClaimTx) {
+	t.Helper()
+	var err error
+	if stx := tx.SQLTx(); stx != nil {
+		_, err = stx.ExecContext(t.Context(), "SELECT 1/0")
+	} else {
+		_, err = tx.Tx().Exec(t.Context(), "SELECT 1/0")
+	}
+	if err == nil {
+		t.Fatal("SELECT 1/0 succeeded")
+	}
 }

@@ -9,6 +9,7 @@ package testdb
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"net/url"
@@ -178,4 +179,26 @@ func NewForExample() (*DB, func()) {
 		pool.Close()
 		drop()
 	}
+}
+
+// SQLDrivers are the database/sql driver names every database/sql test
+// runs on: lib/pq ("postgres") and pgx's stdlib ("pgx"). The test package
+// registers them with blank imports of github.com/lib/pq and
+// github.com/jackc/pgx/v5/stdlib.
+var SQLDrivers = []string{"postgres", "pgx"}
+
+// SQL opens a database/sql pool on the test's schema with driver (one of
+// SQLDrivers), at most maxConns connections, closed at test end.
+func (db *DB) SQL(t testing.TB, driver string, maxConns int) *sql.DB {
+	t.Helper()
+	s, err := sql.Open(driver, db.URL)
+	if err != nil {
+		t.Fatalf("testdb: sql.Open(%q): %v", driver, err)
+	}
+	s.SetMaxOpenConns(maxConns)
+	t.Cleanup(func() { _ = s.Close() })
+	if err := s.PingContext(context.Background()); err != nil {
+		t.Fatalf("testdb: %s: ping: %v", driver, err)
+	}
+	return s
 }

@@ -2,12 +2,14 @@ package wal
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem/internal/sqlpgx"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -100,6 +102,24 @@ func (e Enqueuer) enqueue(ctx context.Context, db outbox.DBTX, msgs []outbox.Mes
 		return nil, fmt.Errorf("outbox/wal: enqueue: %w", err)
 	}
 	return ids, nil
+}
+
+// EnqueueSQLTx is EnqueueTx for a database/sql transaction (lib/pq, pgx's
+// stdlib driver, or an ORM's *sql.Tx), with the same statement, order,
+// validation (outbox.ErrInvalidMessage) and atomicity. A nil tx is an
+// error wrapping ErrInvalidConfig, as for EnqueueTx; a tx already
+// committed or rolled back is an error wrapping sql.ErrTxDone, and nothing
+// is written.
+func EnqueueSQLTx(ctx context.Context, tx *sql.Tx, msgs ...outbox.Message) ([]string, error) {
+	return defaultEnqueuer.EnqueueSQLTx(ctx, tx, msgs...)
+}
+
+// EnqueueSQLTx is the package's EnqueueSQLTx with e's prefix.
+func (e Enqueuer) EnqueueSQLTx(ctx context.Context, tx *sql.Tx, msgs ...outbox.Message) ([]string, error) {
+	if tx == nil {
+		return nil, fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
+	}
+	return e.enqueue(ctx, sqlpgx.DB{Q: tx}, msgs)
 }
 
 // Enqueue is EnqueueTx for events that describe no other write: its one

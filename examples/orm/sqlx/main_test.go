@@ -1,0 +1,27 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/idem/examples/orm/internal/ormtest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestSQLX(t *testing.T) {
+	ormtest.Run(t, func(t *testing.T, sdb *sql.DB) ormtest.Impl {
+		db := sqlx.NewDb(sdb, "pgx")
+		return ormtest.Impl{
+			Place: func(ctx context.Context, id string, total int64, fail bool) error {
+				return place(ctx, db, Order{ID: id, Total: total}, fail)
+			},
+			Ship:   ship(db),
+			Orders: orders(db),
+		}
+	})
+}
