@@ -35,13 +35,15 @@ func TestServeRefusesUnsafeTokens(t *testing.T) {
 		{"demo tokens on every interface", []string{"HTTP_ADDR=:0", "BILLING_API_TOKENS="}, 1, "public demo token"},
 		{"demo tokens on 0.0.0.0", []string{"HTTP_ADDR=0.0.0.0:0", "BILLING_API_TOKENS=alice-token:alice"}, 1, "public demo token"},
 		{"short secret on every interface", []string{"HTTP_ADDR=:0", "BILLING_API_TOKENS=" + longAlice + ":alice,short:bob"}, 1, `principal "bob" has a token of 5 bytes`},
+		{"short metrics token on every interface", []string{"HTTP_ADDR=:0", "BILLING_API_TOKENS=" + longAlice + ":alice", "BILLING_METRICS_TOKEN=x"}, 1, "BILLING_METRICS_TOKEN is 1 bytes"},
+		{"short metrics token on a public admin listener", []string{"HTTP_ADDR=127.0.0.1:0", "ADMIN_ADDR=:0", "BILLING_METRICS_TOKEN=scrape-me"}, 1, "BILLING_METRICS_TOKEN is 9 bytes"},
 		{"one secret twice", []string{"HTTP_ADDR=127.0.0.1:0", "BILLING_API_TOKENS=same-secret-0123456789:alice,same-secret-0123456789:bob"}, 2, "given twice"},
 	} {
 		_, stderr, code := runBilling(t, append(base, tt.env...), "serve")
 		if code != tt.code || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, tt.want) {
 			t.Errorf("%s: exit %d, stderr %q; want %d and one line with %q", tt.name, code, stderr, tt.code, tt.want)
 		}
-		if strings.Contains(stderr, "same-secret") || strings.Contains(stderr, "alice-token") || strings.Contains(stderr, "short") {
+		if strings.Contains(stderr, "same-secret") || strings.Contains(stderr, "alice-token") || strings.Contains(stderr, "short") || strings.Contains(stderr, "scrape-me") {
 			t.Errorf("%s: stderr shows a secret: %q", tt.name, stderr)
 		}
 	}

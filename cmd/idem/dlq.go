@@ -116,7 +116,7 @@ func runDLQList(ctx context.Context, args []string) error {
 	fmt.Fprintln(tw, "partition\toffset\ttime\tevent id\tsource\tattempts\terror")
 	for _, r := range recs {
 		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%d\t%s\n", r.Partition, r.Offset, r.Timestamp.UTC().Format(time.RFC3339),
-			r.EventID, r.Source, r.Attempts, oneLineText(r.Error, 80))
+			termSafe(r.EventID, false), termSafe(r.Source, false), r.Attempts, oneLineText(r.Error, 80))
 	}
 	return tw.Flush()
 }
@@ -151,15 +151,15 @@ func runDLQShow(ctx context.Context, args []string) error {
 		return printJSON(v)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "record\t%s\n", v.ID)
+	fmt.Fprintf(tw, "record\t%s\n", termSafe(v.ID, false))
 	fmt.Fprintf(tw, "time\t%s\n", r.Timestamp.UTC().Format(time.RFC3339Nano))
 	fmt.Fprintf(tw, "key\t%q\n", r.Key)
 	fmt.Fprintf(tw, "error\t%s\n", oneLineText(r.Error, 1100))
-	fmt.Fprintf(tw, "source\t%s\n", r.Source)
+	fmt.Fprintf(tw, "source\t%s\n", termSafe(r.Source, false))
 	fmt.Fprintf(tw, "attempts\t%d\n", r.Attempts)
-	fmt.Fprintf(tw, "consumer\t%s\n", r.Consumer)
+	fmt.Fprintf(tw, "consumer\t%s\n", termSafe(r.Consumer, false))
 	for _, h := range r.Headers {
-		fmt.Fprintf(tw, "header\t%s: %s\n", h.Key, oneLineText(string(h.Value), 200))
+		fmt.Fprintf(tw, "header\t%s: %s\n", termSafe(h.Key, false), oneLineText(string(h.Value), 200))
 	}
 	if r.Truncated {
 		printTruncated(tw, r)
@@ -168,7 +168,7 @@ func runDLQShow(ctx context.Context, args []string) error {
 		return err
 	}
 	if v.Value != nil {
-		fmt.Printf("value:\n  %s\n", v.Value)
+		fmt.Printf("value:\n  %s\n", termSafe(string(v.Value), true))
 	} else {
 		fmt.Printf("value:\n  %q\n", r.Value)
 	}
@@ -210,10 +210,10 @@ func runDLQRedrive(ctx context.Context, args []string) error {
 				verb = "would redrive"
 			}
 			for _, m := range rep.Moved {
-				fmt.Printf("%s %s -> %s (event %s)\n", verb, m.ID, m.To, m.EventID)
+				fmt.Printf("%s %s -> %s (event %s)\n", verb, termSafe(m.ID, false), termSafe(m.To, false), termSafe(m.EventID, false))
 			}
 			for _, m := range rep.AlreadyRedriven {
-				fmt.Printf("skipped %s: already on %s\n", m.ID, m.To)
+				fmt.Printf("skipped %s: already on %s\n", termSafe(m.ID, false), termSafe(m.To, false))
 			}
 			printRefused(rep.Refused)
 			fmt.Printf("%d %s, %d already redriven, %d filtered out\n", len(rep.Moved), verb, len(rep.AlreadyRedriven), rep.Filtered)

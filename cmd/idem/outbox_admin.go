@@ -138,21 +138,14 @@ func runOutboxList(ctx context.Context, args []string) error {
 	if *asJSON {
 		return printJSON(events)
 	}
+	ts := func(s string) string { return termSafe(s, false) }
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "event id\tstatus\ttopic\taggregate\tseq\ttype\tattempts\tcreated\tlast error")
 	for _, e := range events {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s/%s\t%d\t%s\t%d\t%s\t%s\n", e.EventID, e.Status, e.Topic, e.AggregateType, e.AggregateID,
-			e.Seq, e.EventType, e.Attempts, e.CreatedAt.UTC().Format(time.RFC3339), oneLineText(e.LastError, 80))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s/%s\t%d\t%s\t%d\t%s\t%s\n", ts(e.EventID), e.Status, ts(e.Topic), ts(e.AggregateType), ts(e.AggregateID),
+			e.Seq, ts(e.EventType), e.Attempts, e.CreatedAt.UTC().Format(time.RFC3339), oneLineText(e.LastError, 80))
 	}
 	return tw.Flush()
-}
-
-func oneLineText(s string, max int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if r := []rune(s); len(r) > max {
-		return string(r[:max-1]) + "…"
-	}
-	return s
 }
 
 func runOutboxShow(ctx context.Context, args []string) error {
@@ -178,27 +171,28 @@ func runOutboxShow(ctx context.Context, args []string) error {
 		return printJSON(e)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	ss := func(s string) string { return termSafe(s, false) }
 	ts := func(t *time.Time) string {
 		if t == nil {
 			return "-"
 		}
 		return t.UTC().Format(time.RFC3339Nano)
 	}
-	fmt.Fprintf(tw, "event id\t%s\n", e.EventID)
+	fmt.Fprintf(tw, "event id\t%s\n", ss(e.EventID))
 	fmt.Fprintf(tw, "status\t%s\n", e.Status)
-	fmt.Fprintf(tw, "topic\t%s\n", e.Topic)
-	fmt.Fprintf(tw, "aggregate\t%s/%s (seq %d)\n", e.AggregateType, e.AggregateID, e.Seq)
-	fmt.Fprintf(tw, "type\t%s\n", e.EventType)
+	fmt.Fprintf(tw, "topic\t%s\n", ss(e.Topic))
+	fmt.Fprintf(tw, "aggregate\t%s/%s (seq %d)\n", ss(e.AggregateType), ss(e.AggregateID), e.Seq)
+	fmt.Fprintf(tw, "type\t%s\n", ss(e.EventType))
 	fmt.Fprintf(tw, "attempts\t%d\n", e.Attempts)
 	fmt.Fprintf(tw, "last error\t%s\n", oneLineText(e.LastError, 2000))
 	fmt.Fprintf(tw, "available at\t%s\n", ts(&e.AvailableAt))
 	if e.LeaseOwner != "" {
-		fmt.Fprintf(tw, "lease\t%s since %s\n", e.LeaseOwner, ts(e.LockedAt))
+		fmt.Fprintf(tw, "lease\t%s since %s\n", ss(e.LeaseOwner), ts(e.LockedAt))
 	}
 	fmt.Fprintf(tw, "created at\t%s\n", ts(&e.CreatedAt))
 	fmt.Fprintf(tw, "published at\t%s\n", ts(e.PublishedAt))
 	for k, v := range e.Headers {
-		fmt.Fprintf(tw, "header\t%s: %s\n", k, v)
+		fmt.Fprintf(tw, "header\t%s: %s\n", ss(k), ss(v))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -207,14 +201,14 @@ func runOutboxShow(ctx context.Context, args []string) error {
 	if e.PayloadIsJSON() {
 		var b bytes.Buffer
 		_ = json.Indent(&b, e.Payload, "  ", "  ")
-		fmt.Printf("  %s\n", b.String())
+		fmt.Printf("  %s\n", termSafe(b.String(), true))
 	} else {
 		fmt.Printf("  %q\n", e.Payload)
 	}
 	if len(e.Audit) > 0 {
 		fmt.Println("audit:")
 		for _, a := range e.Audit {
-			fmt.Printf("  %s  %s by %s (was %s): %s\n", a.At.UTC().Format(time.RFC3339), a.Action, a.Actor, a.From, a.Reason)
+			fmt.Printf("  %s  %s by %s (was %s): %s\n", a.At.UTC().Format(time.RFC3339), ss(a.Action), ss(a.Actor), ss(a.From), ss(a.Reason))
 		}
 	}
 	return nil

@@ -373,6 +373,16 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			if _, err := httpapi.CheckTokens(cfg.Tokens, !loopback); err != nil {
 				return fmt.Errorf("%w (HTTP_ADDR %s)", err, addr)
 			}
+			if cfg.AdminAddr == "" {
+				if err := checkMetricsToken(cfg.MetricsToken, !loopback); err != nil {
+					return fmt.Errorf("%w (HTTP_ADDR %s)", err, addr)
+				}
+			}
+		}
+		if loopback, known := addrLoopback(cfg.AdminAddr); cfg.AdminAddr != "" && known {
+			if err := checkMetricsToken(cfg.MetricsToken, !loopback); err != nil {
+				return fmt.Errorf("%w (ADMIN_ADDR %s)", err, cfg.AdminAddr)
+			}
 		}
 	}
 	pool := cfg.Pool
@@ -457,6 +467,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			if adminPublic && cfg.MetricsToken == "" {
 				return fmt.Errorf("billing: ADMIN_ADDR %s is not loopback: set BILLING_METRICS_TOKEN, or bind it to 127.0.0.1", aln.Addr())
 			}
+			if err := checkMetricsToken(cfg.MetricsToken, adminPublic); err != nil {
+				return fmt.Errorf("%w (ADMIN_ADDR %s)", err, aln.Addr())
+			}
 			scrape.Anonymous = !adminPublic
 			admin := httpserver.New(httpapi.AdminHandler(metrics.Handler(scrape), g.ReadyHandler()), srvCfg, log)
 			httpStage = append(httpStage, lifecycle.NewHTTPServer(admin, adminLimit(srvCfg, aln)))
@@ -465,6 +478,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			}
 		} else {
 			apiMetrics = metrics.Handler(scrape)
+			if err := checkMetricsToken(cfg.MetricsToken, public); err != nil {
+				return fmt.Errorf("%w (HTTP_ADDR %s)", err, ln.Addr())
+			}
 			if public && cfg.MetricsToken == "" {
 				log.Warn("/metrics refuses every scrape (401): HTTP_ADDR is not loopback and BILLING_METRICS_TOKEN is unset; set it, or ADMIN_ADDR", "addr", ln.Addr().String())
 			}
@@ -666,4 +682,18 @@ func ensureTopics(ctx context.Context, brokers []string, partitions int32) error
 func adminLimit(cfg httpserver.Config, ln net.Listener) *httpserver.Listener {
 	cfg.MaxConns, cfg.MaxConnsPerClient = adminMaxConns, adminMaxConns/2
 	return cfg.Limit(ln)
+}
+
+// checkMetricsToken refuses a BILLING_METRICS_TOKEN shorter than the API
+// tokens' minimum (httpapi.MinTokenLength) on a listener that is not
+// loopback, where anyone who can reach the port can guess at it; on
+// loopback (anonymous scrapes are allowed there anyway) any length goes.
+// An empty token is not its concern: /metrics then refuses every scrape
+// off loopback.
+func checkMetricsToken(token string, public bool) error {
+	if !public || token == "" || len(token) >= httpapi.MinTokenLength {
+		return nil
+	}
+	return fmt.Errorf("%w: BILLING_METRICS_TOKEN is %d bytes, below the minimum of %d for a listener that is not loopback; set a longer one, or listen on loopback",
+		httpapi.ErrUnsafeTokens, len(token), httpapi.MinTokenLength)
 }
