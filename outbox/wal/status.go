@@ -83,6 +83,9 @@ type Lag struct {
 	Age time.Duration
 }
 
+// lagMeasureMin is the least time one lag measure is given.
+const lagMeasureMin = 5 * time.Second
+
 // lagLoop measures the slot every LagInterval on a connection of its own
 // (not the replication one, which is streaming), emits RelaySlotLag and
 // warns past the thresholds.
@@ -122,7 +125,11 @@ func (r *Relay) measure(ctx context.Context, conn **pgx.Conn) (Lag, error) {
 		}
 	}
 	r.mu.Unlock()
-	qctx, cancel := context.WithTimeout(ctx, r.cfg.LagInterval)
+	// One measure may take up to LagInterval, but never less than
+	// lagMeasureMin: a connect and one query on a loaded server take longer
+	// than a short interval, and a measure that always times out reports
+	// nothing but errors. The ticker drops the ticks a slow measure spans.
+	qctx, cancel := context.WithTimeout(ctx, max(r.cfg.LagInterval, lagMeasureMin))
 	defer cancel()
 	if *conn == nil || (*conn).IsClosed() {
 		cc, err := pgx.ParseConfig(r.connString)

@@ -292,11 +292,13 @@ func buildMutant(ctx context.Context, dir, root, name string) (string, error) {
 		return "", fmt.Errorf("mutant %s: testdata/%s.patch no longer applies to the module (%v); rewrite it against the current code:\n%s", name, name, err, out)
 	}
 	bin := filepath.Join(dir, "billing")
-	// billing is in the cmd module; its go.mod replaces the core and the
-	// reference service with the copies beside it (../, ../examples/billing).
+	// billing is in the cmd module, which requires the core and the
+	// reference service at their release version with no replace
+	// (docs/releasing.md); the copy's go.work points each at its copied
+	// directory, so the build uses the mutated code.
 	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./billing")
 	build.Dir = filepath.Join(src, "cmd")
-	build.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
+	build.Env = append(os.Environ(), "GOWORK="+filepath.Join(src, "go.work"), "GOFLAGS=-mod=readonly")
 	if out, err := build.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("mutant %s: build: %v\n%s", name, err, out)
 	}
