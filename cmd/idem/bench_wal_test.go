@@ -34,7 +34,7 @@ func TestBenchWALJSON(t *testing.T) {
 	want := []struct {
 		name string
 		ops  int // 0: any positive count (the enqueue variants run for a time)
-	}{{"plain", 0}, {"enqueue-1", 0}, {"enqueue-10", 0}, {"wal-1", 0}, {"wal-10", 0},
+	}{{"plain", 0}, {"enqueue-1", 0}, {"enqueue-10", 0}, {"wal-1", 0}, {"wal-10", 0}, {"sql-enqueue-1", 0},
 		{"wal-floor", 1500}, {"wal", 1500}, {"at-least-once", 1500}, {"wal-latency", 100}}
 	if out.Scenario != "wal" || len(out.Results) != len(want) {
 		t.Fatalf("unexpected results: %+v", out)
@@ -44,8 +44,8 @@ func TestBenchWALJSON(t *testing.T) {
 			t.Errorf("result %d: %+v, want name %s and %d ops", i, r, want[i].name, want[i].ops)
 		}
 	}
-	if r := out.Results[6].OpsPerSec / out.Results[5].OpsPerSec; out.Results[6].Ratio < r*0.999 || out.Results[6].Ratio > r*1.001 {
-		t.Errorf("wal ratio %v, want wal / wal-floor = %v", out.Results[6].Ratio, r)
+	if r := out.Results[7].OpsPerSec / out.Results[6].OpsPerSec; out.Results[7].Ratio < r*0.999 || out.Results[7].Ratio > r*1.001 {
+		t.Errorf("wal ratio %v, want wal / wal-floor = %v", out.Results[7].Ratio, r)
 	}
 	if out.Results[3].Ratio <= 0 || out.Results[0].Ratio != 1 {
 		t.Errorf("enqueue ratios: %+v", out.Results[:5])
