@@ -201,26 +201,28 @@ func TestChaosUnsafeKeyReportInBrowser(t *testing.T) {
 
 // billing chaos --matrix over one row per axis value (CI's subset; make
 // chaos-matrix runs every row): each row runs and passes with linearizable
-// yes, and a combination the harness refuses (NATS with the WAL outbox) is
-// listed as skipped with the reason.
+// yes. Both WAL rows are on brokers other than franz-go: billing ran the
+// table relay for kafka-go and NATS whatever OUTBOX_MODE said (the
+// kafkago/wal row lost all its events), and the harness refused NATS with
+// the WAL outbox.
 func TestChaosMatrixSubset(t *testing.T) {
 	t.Parallel()
+	rows := []string{"franz/table/postgres", "kafkago/wal/redis", "nats/wal/postgres"}
 	stdout, stderr, code := runBilling(t, []string{"DATABASE_URL=" + testdb.URL(), "IDEM_BIN=" + idemBinary(t), "KAFKA_BROKERS="},
-		"chaos", "--matrix", "--matrix-rows", "franz/wal/postgres,kafkago/table/redis,nats/table/postgres,nats/wal/postgres",
+		"chaos", "--matrix", "--matrix-rows", strings.Join(rows, ","),
 		"--orders", "16", "--payments", "8", "--instances", "2", "--kills", "1", "--terms", "1", "--broker-restarts", "0",
 		"--duration", "5s", "--seed", "9")
 	if code != 0 {
 		t.Fatalf("matrix: exit %d\n%s\n%s", code, stdout, stderr)
 	}
 	t.Log(stdout)
-	for _, row := range []string{"franz/wal/postgres", "kafkago/table/redis", "nats/table/postgres"} {
+	for _, row := range rows {
 		re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(row) + `\s+48\s+1\s+1\s+\d+\s+0\s+yes\s+\d+s\s+PASS$`)
 		if !re.MatchString(stdout) {
 			t.Errorf("no passing row %s (48 POSTs, 1 kill, 1 term, 0 violations, linearizable yes) in\n%s", row, stdout)
 		}
 	}
-	if !regexp.MustCompile(`(?m)^nats/wal/postgres\s.*skipped$`).MatchString(stdout) ||
-		!regexp.MustCompile(`(?m)^  nats/wal/postgres: refused: .*OutboxMode wal`).MatchString(stdout) {
-		t.Errorf("nats/wal/postgres not skipped with its reason in\n%s", stdout)
+	if strings.Contains(stdout, "skipped") {
+		t.Errorf("a row was skipped:\n%s", stdout)
 	}
 }

@@ -43,10 +43,12 @@ const (
 	// HTTPResponseStored: the response is stored; it is not sent yet.
 	HTTPResponseStored = "http-response-stored"
 	// RelayMidClaim: the relay claimed a batch (two-phase: committed the
-	// lease; at-least-once: locked the rows); nothing is published yet.
+	// lease; at-least-once: locked the rows; WAL outbox: decoded it from
+	// the slot, position not confirmed); nothing is published yet.
 	RelayMidClaim = "relay-mid-claim"
 	// RelayPublished: the batch was acknowledged by the broker; it is not
-	// marked PUBLISHED yet.
+	// marked PUBLISHED yet (WAL outbox: the slot's position is not past
+	// it).
 	RelayPublished = "relay-published"
 	// ConsumerDBCommitted: a record's transaction (processed_event and the
 	// handler's effects) committed; its offset is not committed yet.

@@ -34,7 +34,10 @@
 //     were acknowledged by the publisher. A relay that crashes, or loses
 //     its connection, resumes from that position: what it had published
 //     after it is published again (consumers deduplicate by event id:
-//     package inbox). A clean Stop confirms everything it delivered:
+//     package inbox). The failpoints relay-mid-claim (a batch decoded,
+//     nothing sent) and relay-published (sent, the position not past it)
+//     mark the two crash windows for the chaos harness's kills
+//     (TestFailpointKillThenRestart). A clean Stop confirms everything it delivered:
 //     stopped inside a transaction (one larger than BatchSize), it first
 //     delivers the rest of that transaction, until HardStop.
 //   - One slot per database: slot names are cluster-wide, a logical slot

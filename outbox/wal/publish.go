@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/idemkit/idem/internal/failpoint"
 	"github.com/idemkit/idem/internal/startstop"
 	"github.com/idemkit/idem/outbox"
 )
@@ -200,6 +201,13 @@ func (r *Relay) attempt(ctx context.Context, p *progress) {
 	err := p.vis.await(bctx, xids, func(n int) {
 		r.log.DebugContext(bctx, "outbox/wal relay waits for decoded transactions to become visible", "transactions", n, "slot", r.slotName(), "owner", r.cfg.Owner)
 	})
+	if err == nil {
+		// Crash window: the batch is decoded and in hand, nothing is
+		// published, the slot's position is before it. A crash loses the
+		// batch in hand only: the next reader decodes it again from the
+		// confirmed position.
+		err = failpoint.Inject(failpoint.RelayMidClaim)
+	}
 	if err != nil {
 		errs := make([]error, len(todo))
 		for j := range errs {
@@ -266,6 +274,16 @@ func (r *Relay) attempt(ctx context.Context, p *progress) {
 		pubDur += time.Since(t0)
 		calls++
 		errs := perEvent(err, len(batch))
+		if slices.Contains(errs, nil) {
+			// Crash window: the broker has these events, the slot's
+			// position does not pass them. A crash makes the next reader
+			// publish them again: a duplicate, never a loss. (The
+			// failpoint's error form takes them as not delivered: the
+			// same duplicate, without the crash.)
+			if ferr := failpoint.Inject(failpoint.RelayPublished); ferr != nil {
+				errs = perEvent(ferr, len(batch))
+			}
+		}
 		var ok, bad []int
 		var badErrs []error
 		r.mu.Lock()

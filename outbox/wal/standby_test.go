@@ -27,10 +27,10 @@ type relayProc struct {
 	stderr *testbin.Buffer
 }
 
-func (b *bundle) startProc(t *testing.T, bin string) *relayProc {
+func (b *bundle) startProc(t *testing.T, bin string, env ...string) *relayProc {
 	t.Helper()
 	cmd := exec.Command(bin, "-brokers", strings.Join(b.kc.Addrs, ","), "-slot", b.slot, "-publication", b.pub, "-prefix", b.prefix, "-publish-delay", "20ms")
-	cmd.Env = append(os.Environ(), "WALTEST_DB="+b.db.URL)
+	cmd.Env = append(append(os.Environ(), "WALTEST_DB="+b.db.URL), env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -553,7 +553,16 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		if cfg.Unsafe == UnsafePublish {
 			pub = &dropOnePublisher{next: pub, log: log}
 		}
-		loops, err := scheduler.New(pool, pub, min(outbox.BatchTimeoutDefault, share(20)*3/4), cfg.OutboxLeaseTTL, log, tele.loops())
+		// The same relay as franz-go's below, with this broker's publisher:
+		// OUTBOX_MODE decides it whatever the broker (a wal instance that
+		// ran the table relay published nothing: its events are in the WAL).
+		batchTimeout := min(outbox.BatchTimeoutDefault, share(20)*3/4)
+		var loops []lifecycle.Component
+		if cfg.OutboxMode == OutboxWAL {
+			loops, err = scheduler.WAL(pool, pool.Config().ConnString(), pub, batchTimeout, outboxSlot, OutboxWALPrefix(outboxSlot), log, tele.loops())
+		} else {
+			loops, err = scheduler.New(pool, pub, batchTimeout, cfg.OutboxLeaseTTL, log, tele.loops())
+		}
 		if err != nil {
 			return err
 		}

@@ -317,6 +317,12 @@ func (r *run) execute(ctx context.Context) error {
 	}
 	if c.Failpoints {
 		h := r.instances[uint64(c.Seed)%uint64(len(r.instances))]
+		if c.OutboxMode == OutboxWAL {
+			// One instance reads the slot at a time, the first to start
+			// (the others wait as standbys): only it reaches the relay's
+			// windows, until a kill hands the slot over.
+			h = r.instances[0]
+		}
 		r.fp = newFailpoints(c.FailpointHits, h, c.FailpointWindows, c.FailpointOdds)
 		r.progress.logf("failpoints: %s is armed (kill at %s until hit %d times)", h.name, strings.Join(r.fp.windows, ", "), c.FailpointHits)
 	}

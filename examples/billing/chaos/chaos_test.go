@@ -232,8 +232,6 @@ func TestConfigValidate(t *testing.T) {
 		{"produce failures with external kafka", func(c *Config) { c.KafkaBrokers, c.ProduceFailRate = "k:9092", 0.1 }, "ProduceFailRate"},
 		{"produce fail rate 1", func(c *Config) { c.ProduceFailRate = 1 }, "ProduceFailRate"},
 		{"unknown outbox mode", func(c *Config) { c.OutboxMode = "disk" }, "OutboxMode"},
-		{"failpoints with the wal outbox", func(c *Config) { c.OutboxMode, c.Failpoints = OutboxWAL, true }, "Failpoints"},
-		{"nats with the wal outbox", func(c *Config) { c.OutboxMode, c.Broker = OutboxWAL, BrokerNATS }, "Broker nats with OutboxMode wal"},
 	}
 	for _, tt := range testCases {
 		t.Run(tt.name, func(t *testing.T) {

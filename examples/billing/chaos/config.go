@@ -283,8 +283,6 @@ func (c *Config) validate() error {
 		return bad("Instances %d out of range 1..32", c.Instances)
 	case c.OutboxMode != OutboxTable && c.OutboxMode != OutboxWAL:
 		return bad("OutboxMode %q: want %s or %s", c.OutboxMode, OutboxTable, OutboxWAL)
-	case c.OutboxMode == OutboxWAL && c.Failpoints:
-		return bad("Failpoints need OutboxMode %s: the WAL relay marks no crash window yet", OutboxTable)
 	case c.Kills < 0, c.Terms < 0, c.BrokerRestarts < 0, c.PGRestarts < 0, c.NetCuts < 0:
 		return bad("Kills, Terms, BrokerRestarts, PGRestarts and NetCuts must not be negative")
 	case (c.Kills > 0 || c.Terms > 0) && c.Instances < 2:
@@ -297,8 +295,6 @@ func (c *Config) validate() error {
 		return bad("ProduceFailRate needs the devkafka child (KafkaBrokers empty)")
 	case c.Broker != "" && c.Broker != BrokerKafka && c.Broker != BrokerNATS:
 		return bad("Broker %q: want kafka or nats", c.Broker)
-	case c.Broker == BrokerNATS && c.OutboxMode == OutboxWAL:
-		return bad("Broker nats with OutboxMode wal: the harness has not been proved on the two together; run each on its own")
 	case c.Broker == BrokerNATS && (c.NetCuts > 0 || c.ProduceFailRate > 0 || c.KafkaBrokers != ""):
 		return bad("Broker nats runs its own nats-server: NetCuts, ProduceFailRate and KafkaBrokers are Kafka's")
 	case c.ProduceFailRate < 0, c.ProduceFailRate >= 1:

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/failpoint"
 	"github.com/idemkit/idem/internal/testdb"
 )
 
@@ -32,6 +33,11 @@ func TestChaosWAL(t *testing.T) {
 		DropRate: 0.2, FailRate: 0.1, DeclineRate: 0.05, Seed: 19,
 		LoadDuration: 25 * time.Second,
 		Progress:     &log,
+		// The slot's first reader dies at its first publish, before the
+		// slot's position passes it: the batch comes again from the
+		// standby that takes over.
+		Failpoints: true, FailpointWindows: []string{failpoint.RelayPublished},
+		FailpointOdds: map[string]float64{failpoint.RelayPublished: 1},
 	})
 	if rep != nil {
 		var out strings.Builder
@@ -43,6 +49,9 @@ func TestChaosWAL(t *testing.T) {
 	}
 	if !rep.Pass {
 		t.Fatalf("violations (logs in %s):\n%s", rep.WorkDir, log.String())
+	}
+	if f := rep.Failpoints; f == nil || f.Hits[failpoint.RelayPublished] != 1 {
+		t.Errorf("failpoint relay-published not hit once in the WAL relay: %+v", f)
 	}
 	if rep.Kills != 3 || rep.PGRestarts != 1 || rep.RelayKills < 2 {
 		t.Errorf("chaos not carried out: %d kills (%d of the slot's reader), %d PostgreSQL restarts", rep.Kills, rep.RelayKills, rep.PGRestarts)
