@@ -289,7 +289,7 @@ func examplesOf(t *testing.T, dir string) []string {
 		}
 		for _, id := range f.Unresolved {
 			if other, ok := foreign[id.Name]; ok {
-				problems = append(problems, fmt.Sprintf("%s: %s uses %s, declared in %s, not an example file: the examples cannot be copied on their own", file, fset.Position(id.Pos()), id.Name, other))
+				problems = append(problems, fmt.Sprintf("%s uses %s, declared in %s, not an example file: the examples cannot be copied on their own", fset.Position(id.Pos()), id.Name, other))
 			}
 		}
 		ast.Inspect(f, func(n ast.Node) bool {
