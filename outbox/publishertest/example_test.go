@@ -120,10 +120,12 @@ func newKafkaBroker(cluster *kfake.Cluster, topics []string) (*publishertest.Bro
 	}
 	return &publishertest.Broker{
 		Publisher: pub,
-		Read:      func(ctx context.Context, topic string) ([]publishertest.Message, error) { return readTopic(ctx, addrs, topic) },
-		Reject:    func(topic string) { fail(topic, kerr.InvalidRecord) },
-		Stall:     func(topic string) { fail(topic, kerr.NotEnoughReplicas) },
-		TooLarge:  128 << 10, // over the client's 64 KiB batch limit, which the publisher's Check enforces
+		Read: func(ctx context.Context, topic string) ([]publishertest.Message, error) {
+			return readTopic(ctx, addrs, topic)
+		},
+		Reject:   func(topic string) { fail(topic, kerr.InvalidRecord) },
+		Stall:    func(topic string) { fail(topic, kerr.NotEnoughReplicas) },
+		TooLarge: 128 << 10, // over the client's 64 KiB batch limit, which the publisher's Check enforces
 	}, client.Close, nil
 }
 
