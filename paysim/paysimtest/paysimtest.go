@@ -2,6 +2,13 @@
 // `idem paysim` runs it: paysim.Server.Serve on a loopback TCP port, with
 // the Config's timeouts and connection bound, so that what a test sees is
 // what the program does.
+//
+// Usage:
+//
+//	func TestCharge(t *testing.T) {
+//		sim, url := paysimtest.Start(t, &paysim.Config{FailRate: 0.1})
+//		// point the code under test at url; read sim.Ledger() after
+//	}
 package paysimtest
 
 import (
