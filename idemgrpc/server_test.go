@@ -3,8 +3,8 @@ package idemgrpc_test
 import (
 	"sync"
 	"sync/atomic"
-	"time"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
