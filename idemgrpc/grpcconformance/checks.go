@@ -350,4 +350,3 @@ func checkStoredError(ctx context.Context, r *runner, res *idemtest.Result) {
 	v.executions(ctx, c, 0)
 	v.set(res, first.code.String()+" stored and replayed")
 }
-

@@ -268,7 +268,9 @@ func (v *verdict) executions(ctx context.Context, c *counter, want int64, ps ...
 
 type verdict struct{ reasons []string }
 
-func (v *verdict) failf(format string, args ...any) { v.reasons = append(v.reasons, fmt.Sprintf(format, args...)) }
+func (v *verdict) failf(format string, args ...any) {
+	v.reasons = append(v.reasons, fmt.Sprintf(format, args...))
+}
 
 func (v *verdict) set(res *idemtest.Result, pass string) {
 	if len(v.reasons) > 0 {
