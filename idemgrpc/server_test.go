@@ -1,18 +1,25 @@
 package idemgrpc_test
 
 import (
+	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemgrpc"
 	"github.com/idemkit/idem/idemgrpc/testsvc"
 	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/testdb"
 )
 
 // TestCodeTable: each handler code is stored (the retry gets the same
@@ -243,5 +250,44 @@ func TestMismatchAndInvalid(t *testing.T) {
 	}
 	if c := b.svc.Calls.Load(); c != 1 {
 		t.Fatalf("%d runs, want 1", c)
+	}
+}
+
+// TestRefusals: a call whose principal Scope cannot tell is
+// Unauthenticated IDEMPOTENCY_SCOPE_UNKNOWN; a store that fails answers
+// Unavailable IDEMPOTENCY_STORE_UNAVAILABLE with a RetryInfo, and the
+// handler never runs unprotected.
+func TestRefusals(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &idemgrpc.Config{Scope: func(ctx context.Context) (string, error) {
+		if p, err := principal(ctx); err == nil && p != "nobody" {
+			return p, nil
+		}
+		return "", errors.New("unknown principal")
+	}})
+	ctx := metadata.NewOutgoingContext(t.Context(), metadata.Pairs("authorization", "nobody", idemgrpc.MetadataKey, "k"))
+	err := b.conn.Invoke(ctx, testsvc.MethodCharge, &structpb.Struct{}, &structpb.Struct{})
+	if r, _ := reason(err); status.Code(err) != codes.Unauthenticated || r != idem.CodeScopeUnknown {
+		t.Fatalf("unknown principal: %v (reason %q)", err, r)
+	}
+
+	db := testdb.New(t)
+	pool, err := pgxpool.New(t.Context(), db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.Close() // every claim fails
+	ic, err := idemgrpc.New(idempotency.NewPostgresStore(pool), &idemgrpc.Config{Scope: principal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &testsvc.Service{}
+	_, conn := serve(t, svc, grpc.ChainUnaryInterceptor(ic.Unary))
+	a := call(t.Context(), conn, testsvc.MethodCharge, "k", map[string]any{})
+	if r, d := reason(a.err); status.Code(a.err) != codes.Unavailable || r != idem.CodeStoreUnavailable || d < 1 || svc.Calls.Load() != 0 {
+		t.Fatalf("failing store: %s (reason %q, delay %v, %d runs)", a, r, d, svc.Calls.Load())
+	}
+	if c := b.svc.Calls.Load(); c != 0 {
+		t.Fatalf("%d runs, want 0", c)
 	}
 }
