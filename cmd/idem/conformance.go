@@ -125,7 +125,7 @@ func runConformance(ctx context.Context, args []string) error {
 		})
 	}
 	if *url == "" {
-		return cli.Usagef("--url (or --grpc) is required")
+		return cli.Usagef("--url is required (or --grpc ADDR)")
 	}
 	// A URL may carry credentials (user:password@, ?token=): they never
 	// reach the report or an error line.
