@@ -6,6 +6,7 @@ require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/idemkit/idem v0.1.0
 	github.com/idemkit/idem/examples/billing v0.1.0
+	github.com/idemkit/idem/idemgrpc v0.1.0
 	github.com/idemkit/idem/kafkago v0.1.0
 	github.com/idemkit/idem/natsjs v0.1.0
 	github.com/idemkit/idem/otel v0.1.0
@@ -26,6 +27,7 @@ require (
 	go.opentelemetry.io/otel/trace v1.47.0
 	go.opentelemetry.io/proto/otlp v1.11.1
 	go.uber.org/goleak v1.3.0
+	google.golang.org/grpc v1.84.0
 	google.golang.org/protobuf v1.36.12
 )
 
@@ -80,5 +82,4 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260928230214-8a89bd6388cc // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
-	google.golang.org/grpc v1.84.0 // indirect
 )

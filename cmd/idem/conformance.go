@@ -36,6 +36,15 @@ each JSON member changed in turn, nested ones too), concurrency, principals
 (needs --fault-header), expiry (needs --ttl), routes (needs --alt-url: the
 same key on another route is another operation).
 
+gRPC: --grpc ADDR --method /pkg.Service/Method --request-json JSON checks a
+unary method behind idemgrpc's interceptor (package
+idemgrpc/grpcconformance): the same checks mapped to gRPC codes, plus
+stored-error (--error-request-json). The request and response types come
+from the server's reflection service (grpc.reflection.v1), so the server
+must register it. --header, --principal-b-header and --fault-header are sent
+as metadata (names in lower case); --alt-method enables routes. Executions
+are inferred from the responses; expiry is not checked.
+
 Every check uses fresh random keys and sends real requests: point it at a
 test or staging deployment, never at production money.
 
@@ -45,7 +54,10 @@ Examples:
   idem conformance --url http://127.0.0.1:8080/orders --body order.json \
     --header 'Authorization: Bearer alice-token' \
     --principal-b-header 'Authorization: Bearer bob-token' \
-    --alt-url http://127.0.0.1:8080/payments --alt-url-body payment.json`
+    --alt-url http://127.0.0.1:8080/payments --alt-url-body payment.json
+  idem conformance --grpc 127.0.0.1:9090 --method /shop.v1.Payments/Charge \
+    --request-json '{"orderId":"o-1","amountKopecks":1000}' \
+    --header 'authorization: Bearer alice-token' --alt-method /shop.v1.Payments/Refund`
 
 // headerFlag collects repeated 'Name: value' flags.
 type headerFlag struct{ h http.Header }
@@ -84,6 +96,12 @@ func runConformance(ctx context.Context, args []string) error {
 	keyHeader := fs.String("key-header", idem.HeaderKey, "header carrying the key")
 	timeout := fs.Duration("timeout", idemtest.RequestTimeoutDefault, "bound on each request")
 	settle := fs.Duration("settle", idemtest.SettleTimeoutDefault, "how long to wait for a raced key to complete, and for a key to become usable after --ttl")
+	grpcAddr := fs.String("grpc", "", "`ADDR` (host:port) of a gRPC server to check instead of --url: --method is then the full method name")
+	grpcTLS := fs.Bool("grpc-tls", false, "dial --grpc with TLS (system roots) instead of plaintext")
+	requestJSON := fs.String("request-json", "", "with --grpc: the request, as protojson (its type comes from server reflection)")
+	altMethod := fs.String("alt-method", "", "with --grpc: another guarded method of the service; enables the routes check")
+	altRequestJSON := fs.String("alt-request-json", "", "with --grpc: the request sent to --alt-method (default: --request-json)")
+	errorRequestJSON := fs.String("error-request-json", "", "with --grpc: a request refused with a definitive error; enables stored-error")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	verbose := fs.Bool("v", false, "print the evidence of every check, not only of failed ones")
 	if err := cli.Parse(fs, args); err != nil {
@@ -92,8 +110,22 @@ func runConformance(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return cli.Usagef("unexpected argument %q", fs.Arg(0))
 	}
+	if *grpcAddr != "" {
+		if *url != "" {
+			return cli.Usagef("--url and --grpc are exclusive")
+		}
+		if *timeout <= 0 || *settle <= 0 {
+			return cli.Usagef("--timeout and --settle must be positive")
+		}
+		return runGRPCConformance(ctx, grpcOptions{
+			addr: *grpcAddr, tls: *grpcTLS, method: *method, request: *requestJSON,
+			altMethod: *altMethod, altRequest: *altRequestJSON, errorRequest: *errorRequestJSON,
+			metadata: headers.h, principalB: principalB.h, fault: fault.h,
+			concurrency: *concurrency, timeout: *timeout, settle: *settle, asJSON: *asJSON, verbose: *verbose,
+		})
+	}
 	if *url == "" {
-		return cli.Usagef("--url is required")
+		return cli.Usagef("--url is required (or --grpc ADDR)")
 	}
 	// A URL may carry credentials (user:password@, ?token=): they never
 	// reach the report or an error line.

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/idemkit/idem/idemgrpc"
+	"github.com/idemkit/idem/idemgrpc/testsvc"
+	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/cli"
+	"github.com/idemkit/idem/migrate"
+)
+
+func init() {
+	registerBench(&benchScenario{
+		Name: "grpc",
+		Summary: "idemgrpc's unary interceptor over PostgreSQL, concurrent clients over loopback gRPC.\n" +
+			"grpc-plain: the same unary method with no interceptor, its handler writing the\n" +
+			"  same one row through the pool (the baseline); grpc-tx: the interceptor in\n" +
+			"  ModeTransactional, the row, the claim and the stored response in one commit;\n" +
+			"  grpc-replay: repeats of completed keys. grpc-tx's ratio is over grpc-plain\n" +
+			"  in the same run (target >= 0.8). Interleaved rounds. Scratch schema (dropped after).",
+		Flags: func(fs *benchFlags) {
+			fs.Int("seconds", 10, "measured seconds per variant, split over the rounds")
+			fs.Int("rounds", 5, "interleaved rounds: every round runs every variant once")
+			fs.Int("clients", 32, "concurrent clients")
+		},
+		Run: runBenchGRPC,
+	})
+}
+
+func runBenchGRPC(ctx context.Context, env *benchEnv) ([]benchResult, error) {
+	seconds, clients, rounds := *env.Ints["seconds"], *env.Ints["clients"], *env.Ints["rounds"]
+	if rounds < 1 || seconds < 1 || clients < 1 {
+		return nil, cli.Usagef("--seconds, --rounds and --clients must be at least 1")
+	}
+	urls, drop, err := scratchSchemas(ctx, env.DatabaseURL, "bench_grpc", 1, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer drop()
+	pcfg, err := pgxpool.ParseConfig(urls[0])
+	if err != nil {
+		return nil, cli.Usagef("database URL is malformed")
+	}
+	// One connection per client, as bench http: a transactional call holds
+	// its connection for the whole handler.
+	pcfg.MaxConns, pcfg.MinConns = int32(clients), int32(clients)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("pool: %w", err)
+	}
+	defer pool.Close()
+	if _, err := migrate.Up(ctx, pool); err != nil {
+		return nil, fmt.Errorf("migrate scratch schema: %w", err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE bench_grpc_row (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, body text NOT NULL)`); err != nil {
+		return nil, err
+	}
+	// Every handler run writes one row: through the call's transaction
+	// under the interceptor, else through the pool.
+	svc := &testsvc.Service{Effect: func(ctx context.Context, _ string, _ *structpb.Struct) (int64, error) {
+		const insert = `INSERT INTO bench_grpc_row (body) VALUES ($1) RETURNING id`
+		var id int64
+		if tx, ok := idemgrpc.Tx(ctx); ok {
+			return id, tx.QueryRow(ctx, insert, benchHTTPBody).Scan(&id)
+		}
+		return id, pool.QueryRow(ctx, insert, benchHTTPBody).Scan(&id)
+	}}
+	ic, err := idemgrpc.New(idempotency.NewPostgresStore(pool), &idemgrpc.Config{
+		Scope:       func(context.Context) (string, error) { return "bench", nil },
+		Idempotency: idempotency.Config{Mode: idempotency.ModeTransactional},
+	})
+	if err != nil {
+		return nil, err
+	}
+	plain, stopPlain, err := benchGRPCServer(svc)
+	if err != nil {
+		return nil, err
+	}
+	defer stopPlain()
+	guarded, stopGuarded, err := benchGRPCServer(svc, grpc.ChainUnaryInterceptor(ic.Unary))
+	if err != nil {
+		return nil, err
+	}
+	defer stopGuarded()
+
+	req, err := structpb.NewStruct(map[string]any{"amount_kopecks": 1000.0, "customer_id": "c1", "note": "bench"})
+	if err != nil {
+		return nil, err
+	}
+	run := uniqueRun()
+	var seq atomic.Int64
+	invoke := func(ctx context.Context, conn *grpc.ClientConn, key string) error {
+		if key != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, idemgrpc.MetadataKey, key)
+		}
+		return conn.Invoke(ctx, testsvc.MethodCharge, req, &structpb.Struct{})
+	}
+	const replayKeys = 256
+	variants := []benchVariant{
+		{name: "grpc-plain", op: func(ctx context.Context) error { return invoke(ctx, plain, "") }},
+		{name: "grpc-tx", op: func(ctx context.Context) error {
+			return invoke(ctx, guarded, "bench-"+run+"-"+strconv.FormatInt(seq.Add(1), 10))
+		}},
+		{name: "grpc-replay", prep: func(ctx context.Context) error {
+			for i := range replayKeys {
+				if err := invoke(ctx, guarded, "replay-"+run+"-"+strconv.Itoa(i)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, op: func(ctx context.Context) error {
+			return invoke(ctx, guarded, "replay-"+run+"-"+strconv.Itoa(rand.IntN(replayKeys)))
+		}},
+	}
+	results, err := runBenchVariants(ctx, env, "grpc", variants, seconds, rounds, clients)
+	if err != nil {
+		return nil, err
+	}
+	if base := results[0].OpsPerSec; base > 0 {
+		results[1].Ratio = results[1].OpsPerSec / base
+		fmt.Fprintf(env.Log, "grpc: grpc-tx/grpc-plain: %.3f (target >= 0.8)\n", results[1].Ratio)
+	}
+	return results, nil
+}
+
+// benchGRPCServer serves svc on a loopback port and returns a client
+// connection to it (HTTP/2 multiplexes every client's calls on it).
+func benchGRPCServer(svc *testsvc.Service, opts ...grpc.ServerOption) (*grpc.ClientConn, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	s := grpc.NewServer(opts...)
+	testsvc.Register(s, svc)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Serve(ln) }()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		s.Stop()
+		<-done
+		return nil, nil, err
+	}
+	return conn, func() { _ = conn.Close(); s.Stop(); <-done }, nil
+}
+
+// runBenchVariants runs variants interleaved in rounds, as bench http
+// does (a drift of the shared machine hits every variant alike), and
+// returns their results in order.
+func runBenchVariants(ctx context.Context, env *benchEnv, scenario string, variants []benchVariant, seconds, rounds, clients int) ([]benchResult, error) {
+	for _, v := range variants {
+		if v.prep != nil {
+			if err := v.prep(ctx); err != nil {
+				return nil, fmt.Errorf("%s: prepare: %w", v.name, err)
+			}
+		}
+	}
+	slice := time.Duration(seconds) * time.Second / time.Duration(rounds)
+	samples := make([]benchSamples, len(variants))
+	for round := range rounds {
+		for i, v := range variants {
+			warm := 200 * time.Millisecond
+			if round == 0 {
+				warm = time.Second
+			}
+			if err := benchLoad(ctx, clients, warm, slice, v.op, &samples[i]); err != nil {
+				return nil, fmt.Errorf("%s: %w", v.name, err)
+			}
+		}
+	}
+	results := make([]benchResult, len(variants))
+	for i, v := range variants {
+		results[i] = samples[i].result(v.name)
+		fmt.Fprintf(env.Log, "%s: %s: %.0f ops/s, p50 %.2f ms, p99 %.2f ms\n", scenario, v.name, results[i].OpsPerSec, results[i].P50Ms, results[i].P99Ms)
+	}
+	return results, nil
+}
