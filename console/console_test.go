@@ -329,8 +329,9 @@ func TestNewValidatesAndStops(t *testing.T) {
 	}
 }
 
-// The dead-letter page lists a topic's records; redrive (POST with CSRF)
-// republishes them once, and only for the console's topics.
+// The dead-letter page lists a topic's records; redrive (POST with CSRF
+// and a reason) republishes them once, only for the console's topics, and
+// records the signed-in session's name in idem_admin_audit.
 func TestDeadLetterPageRedrive(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
@@ -345,7 +346,8 @@ func TestDeadLetterPageRedrive(t *testing.T) {
 	if err := kc.Client(t).ProduceSync(context.Background(), rec).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	con, err := console.New(db.Pool, &console.Config{DLQ: kafka.NewDLQ(kgo.SeedBrokers(kc.Addrs...)),
+	const token = "s3cret-token-0123456789"
+	con, err := console.New(db.Pool, &console.Config{Token: token, DLQ: kafka.NewDLQ(kgo.SeedBrokers(kc.Addrs...)),
 		DeadLetterTopics: []string{"orders.events.dlq"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -353,6 +355,7 @@ func TestDeadLetterPageRedrive(t *testing.T) {
 	srv := httptest.NewServer(con)
 	t.Cleanup(srv.Close)
 	c := client(t)
+	signIn(t, c, srv.URL, token, "erin")
 	code, body, _ := get(t, c, srv.URL+"/dlq")
 	if code != 200 || !strings.Contains(body, "handler: boom") || !strings.Contains(body, "ev-1") {
 		t.Fatalf("dlq page %d:\n%s", code, body)
@@ -365,7 +368,11 @@ func TestDeadLetterPageRedrive(t *testing.T) {
 	if f := flashAt(t, c, srv.URL, hdr); !strings.HasPrefix(f, "bad: ") {
 		t.Errorf("redrive of a topic not configured: %q", f)
 	}
-	for _, want := range []string{"ok: redrove 1 records", "ok: redrove 0 records"} {
+	_, _, hdr = postForm(t, c, srv.URL+"/dlq/redrive", url.Values{"from": {"orders.events.dlq"}, "csrf": {tok}})
+	if f := flashAt(t, c, srv.URL, hdr); !strings.HasPrefix(f, "bad: a reason is required") {
+		t.Errorf("redrive without a reason: %q", f)
+	}
+	for _, want := range []string{"ok: redrove 1 records from orders.events.dlq (0 already", "ok: redrove 0 records from orders.events.dlq (1 already"} {
 		_, _, hdr = postForm(t, c, srv.URL+"/dlq/redrive", url.Values{"from": {"orders.events.dlq"}, "reason": {"fixed"}, "csrf": {tok}})
 		if f := flashAt(t, c, srv.URL, hdr); !strings.HasPrefix(f, want) {
 			t.Errorf("redrive: %q, want %s", f, want)
@@ -376,6 +383,13 @@ func TestDeadLetterPageRedrive(t *testing.T) {
 	}
 	if recs, err := kafka.NewDLQ(kgo.SeedBrokers(kc.Addrs...)).List(context.Background(), "orders.events", 0); err != nil || len(recs) != 1 {
 		t.Errorf("orders.events holds %d records, want 1: %v", len(recs), err)
+	}
+	var actor, moved string
+	var n int
+	err = db.Pool.QueryRow(context.Background(), `SELECT count(*), min(actor), min(detail->'moved'->0->>'offset') FROM idem_admin_audit
+		WHERE action = 'dlq.redrive' AND subject = 'orders.events.dlq' AND reason = 'fixed'`).Scan(&n, &actor, &moved)
+	if err != nil || n != 2 || !strings.HasPrefix(actor, "erin (console session ") || moved != "0" {
+		t.Errorf("audit rows: %d, actor %q, first moved offset %q: %v", n, actor, moved, err)
 	}
 }
 
