@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -405,5 +406,42 @@ func TestIdempotencyHookRecentEvents(t *testing.T) {
 	_, body, _ := get(t, client(t), b.srv.URL+"/keys")
 	if !strings.Contains(body, "mismatch") || !strings.Contains(body, "POST /payments") || strings.Contains(body, "/replayed") {
 		t.Errorf("keys page:\n%s", body)
+	}
+}
+
+type fetchCounter struct{ records atomic.Int64 }
+
+func (f *fetchCounter) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
+	f.records.Add(int64(m.NumRecords))
+}
+
+// The dead-letter page shows the newest 200 records of a topic and reads
+// only those from the broker, not the whole topic.
+func TestDeadLetterPageReadsNewest(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	kc := testkafka.New(t)
+	kc.CreateTopic(t, "big.dlq", 1)
+	cl := kc.Client(t)
+	const total = 260
+	for range total { // one batch per record, as the dead-letter producer writes
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: "big.dlq", Value: []byte("v")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var fc fetchCounter
+	con, err := console.New(db.Pool, &console.Config{DLQ: kafka.NewDLQ(kgo.SeedBrokers(kc.Addrs...), kgo.WithHooks(&fc)),
+		DeadLetterTopics: []string{"big.dlq"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(con)
+	t.Cleanup(srv.Close)
+	code, body, _ := get(t, client(t), srv.URL+"/dlq")
+	if code != 200 || !strings.Contains(body, "<td>0/259</td>") || !strings.Contains(body, "<td>0/60</td>") || strings.Contains(body, "<td>0/59</td>") {
+		t.Fatalf("dlq page %d: want records 0/60 to 0/259", code)
+	}
+	if n := fc.records.Load(); n >= total {
+		t.Errorf("the page fetched %d of the topic's %d records", n, total)
 	}
 }
