@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/kafka/internal/dbsqlc"
 )
@@ -42,6 +43,9 @@ func beginLedger(ctx context.Context, o RedriveOptions) (*ledger, error) {
 	l := &ledger{tx: tx, q: dbsqlc.New(tx), done: map[string]dbsqlc.RedrivenRecordsRow{}}
 	fail := func(err error) (*ledger, error) {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
+		if pe, ok := errors.AsType[*pgconn.PgError](err); ok && pe.Code == "42P01" { // undefined_table
+			return nil, fmt.Errorf("kafka: redrive ledger: %w (apply idem's migrations: idem migrate up)", err)
+		}
 		return nil, fmt.Errorf("kafka: redrive ledger: %w", err)
 	}
 	if !o.DryRun {

@@ -281,9 +281,13 @@ func runDLQRedrive(ctx context.Context, args []string) error {
 
 // logRedrive logs a redrive on stderr: who, why, and each record moved.
 func logRedrive(from, actor, reason string, rep *kafka.RedriveReport, err error) {
-	moved := make([]string, 0, len(rep.Moved))
-	for _, m := range rep.Moved {
-		moved = append(moved, m.ID+"->"+m.To)
+	moved := make([]string, 0, min(len(rep.Moved), 51))
+	for i, m := range rep.Moved {
+		if i == 50 { // the audit row has them all
+			moved = append(moved, fmt.Sprintf("... %d more", len(rep.Moved)-i))
+			break
+		}
+		moved = append(moved, termSafe(m.ID, false)+"->"+termSafe(m.To, false))
 	}
 	args := []any{"action", "dlq.redrive", "subject", from, "actor", actor, "reason", reason, "audit_id", rep.AuditID,
 		"forced", rep.Forced, "moved", strings.Join(moved, ","), "already_redriven", len(rep.AlreadyRedriven)}
