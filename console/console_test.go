@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -329,8 +330,9 @@ func TestNewValidatesAndStops(t *testing.T) {
 	}
 }
 
-// The dead-letter page lists a topic's records; redrive (POST with CSRF)
-// republishes them once, and only for the console's topics.
+// The dead-letter page lists a topic's records; redrive (POST with CSRF
+// and a reason) republishes them once, only for the console's topics, and
+// records the signed-in session's name in idem_admin_audit.
 func TestDeadLetterPageRedrive(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
@@ -345,7 +347,8 @@ func TestDeadLetterPageRedrive(t *testing.T) {
 	if err := kc.Client(t).ProduceSync(context.Background(), rec).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	con, err := console.New(db.Pool, &console.Config{DLQ: kafka.NewDLQ(kgo.SeedBrokers(kc.Addrs...)),
+	const token = "s3cret-token-0123456789"
+	con, err := console.New(db.Pool, &console.Config{Token: token, DLQ: kafka.NewDLQ(kgo.SeedBrokers(kc.Addrs...)),
 		DeadLetterTopics: []string{"orders.events.dlq"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -353,6 +356,7 @@ func TestDeadLetterPageRedrive(t *testing.T) {
 	srv := httptest.NewServer(con)
 	t.Cleanup(srv.Close)
 	c := client(t)
+	signIn(t, c, srv.URL, token, "erin")
 	code, body, _ := get(t, c, srv.URL+"/dlq")
 	if code != 200 || !strings.Contains(body, "handler: boom") || !strings.Contains(body, "ev-1") {
 		t.Fatalf("dlq page %d:\n%s", code, body)
@@ -365,7 +369,11 @@ func TestDeadLetterPageRedrive(t *testing.T) {
 	if f := flashAt(t, c, srv.URL, hdr); !strings.HasPrefix(f, "bad: ") {
 		t.Errorf("redrive of a topic not configured: %q", f)
 	}
-	for _, want := range []string{"ok: redrove 1 records", "ok: redrove 0 records"} {
+	_, _, hdr = postForm(t, c, srv.URL+"/dlq/redrive", url.Values{"from": {"orders.events.dlq"}, "csrf": {tok}})
+	if f := flashAt(t, c, srv.URL, hdr); !strings.HasPrefix(f, "bad: a reason is required") {
+		t.Errorf("redrive without a reason: %q", f)
+	}
+	for _, want := range []string{"ok: redrove 1 records from orders.events.dlq (0 already", "ok: redrove 0 records from orders.events.dlq (1 already"} {
 		_, _, hdr = postForm(t, c, srv.URL+"/dlq/redrive", url.Values{"from": {"orders.events.dlq"}, "reason": {"fixed"}, "csrf": {tok}})
 		if f := flashAt(t, c, srv.URL, hdr); !strings.HasPrefix(f, want) {
 			t.Errorf("redrive: %q, want %s", f, want)
@@ -376,6 +384,13 @@ func TestDeadLetterPageRedrive(t *testing.T) {
 	}
 	if recs, err := kafka.NewDLQ(kgo.SeedBrokers(kc.Addrs...)).List(context.Background(), "orders.events", 0); err != nil || len(recs) != 1 {
 		t.Errorf("orders.events holds %d records, want 1: %v", len(recs), err)
+	}
+	var actor, moved string
+	var n int
+	err = db.Pool.QueryRow(context.Background(), `SELECT count(*), min(actor), min(detail->'moved'->0->>'offset') FROM idem_admin_audit
+		WHERE action = 'dlq.redrive' AND subject = 'orders.events.dlq' AND reason = 'fixed'`).Scan(&n, &actor, &moved)
+	if err != nil || n != 2 || !strings.HasPrefix(actor, "erin (console session ") || moved != "0" {
+		t.Errorf("audit rows: %d, actor %q, first moved offset %q: %v", n, actor, moved, err)
 	}
 }
 
@@ -391,5 +406,42 @@ func TestIdempotencyHookRecentEvents(t *testing.T) {
 	_, body, _ := get(t, client(t), b.srv.URL+"/keys")
 	if !strings.Contains(body, "mismatch") || !strings.Contains(body, "POST /payments") || strings.Contains(body, "/replayed") {
 		t.Errorf("keys page:\n%s", body)
+	}
+}
+
+type fetchCounter struct{ records atomic.Int64 }
+
+func (f *fetchCounter) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
+	f.records.Add(int64(m.NumRecords))
+}
+
+// The dead-letter page shows the newest 200 records of a topic and reads
+// only those from the broker, not the whole topic.
+func TestDeadLetterPageReadsNewest(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	kc := testkafka.New(t)
+	kc.CreateTopic(t, "big.dlq", 1)
+	cl := kc.Client(t)
+	const total = 260
+	for range total { // one batch per record, as the dead-letter producer writes
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: "big.dlq", Value: []byte("v")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var fc fetchCounter
+	con, err := console.New(db.Pool, &console.Config{DLQ: kafka.NewDLQ(kgo.SeedBrokers(kc.Addrs...), kgo.WithHooks(&fc)),
+		DeadLetterTopics: []string{"big.dlq"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(con)
+	t.Cleanup(srv.Close)
+	code, body, _ := get(t, client(t), srv.URL+"/dlq")
+	if code != 200 || !strings.Contains(body, "<td>0/259</td>") || !strings.Contains(body, "<td>0/60</td>") || strings.Contains(body, "<td>0/59</td>") {
+		t.Fatalf("dlq page %d: want records 0/60 to 0/259", code)
+	}
+	if n := fc.records.Load(); n >= total {
+		t.Errorf("the page fetched %d of the topic's %d records", n, total)
 	}
 }

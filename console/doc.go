@@ -43,7 +43,11 @@
 //     (the outbox row's audit trail, or the idem_admin_audit table for
 //     keys, records it with the signed-in session's name and tag) and is
 //     logged; a key's release or forget carries the fence of the record
-//     shown, so a claim taken over since is left alone;
+//     shown, so a claim taken over since is left alone; a redrive needs
+//     a reason and goes through kafka.DLQ.Redrive with the console's
+//     database as its ledger (one idem_admin_audit row under the
+//     session's name, each record published once even against a
+//     concurrent redrive);
 //   - the outcome banner comes from a flash cookie signed by the process,
 //     never from the link.
 //

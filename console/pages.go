@@ -489,13 +489,25 @@ func (c *Console) redrive(r *http.Request) (string, string, error) {
 	if !known {
 		return "/dlq", "", fmt.Errorf("%q is not one of the console's dead-letter topics", from)
 	}
+	reason := strings.TrimSpace(r.PostFormValue("reason"))
+	if reason == "" {
+		return "/dlq", "", errors.New("a reason is required: it is recorded with the redrive")
+	}
+	force := r.PostFormValue("force") == "on"
 	who := c.actor(r)
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Minute)
 	defer cancel()
-	rep, err := c.cfg.DLQ.Redrive(ctx, kafka.RedriveOptions{From: from, FilterError: filter})
-	c.logAction(r.Context(), "redrive", who, from, filter, err)
+	// The ledger (c.db) serializes this redrive with any other of the
+	// topic (the CLI's, another console's) and records it in
+	// idem_admin_audit under the signed-in session's name.
+	rep, err := c.cfg.DLQ.Redrive(ctx, kafka.RedriveOptions{From: from, FilterError: filter, DB: c.db, Actor: who, Reason: reason, Force: force})
+	subject := from
+	if rep != nil {
+		subject = fmt.Sprintf("%s (moved %d, audit row %d)", from, len(rep.Moved), rep.AuditID)
+	}
+	c.logAction(r.Context(), "redrive", who, subject, reason, err)
 	if err != nil {
 		return "/dlq", "", err
 	}
-	return "/dlq", fmt.Sprintf("redrove %d records from %s (%d already redriven, %d filtered out)", len(rep.Moved), from, len(rep.AlreadyRedriven), rep.Filtered), nil
+	return "/dlq", fmt.Sprintf("redrove %d records from %s (%d already redriven, %d filtered out; audit row %d)", len(rep.Moved), from, len(rep.AlreadyRedriven), rep.Filtered, rep.AuditID), nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -213,9 +214,33 @@ func (d *DLQ) admin() (*kadm.Client, func(), error) {
 	return kadm.NewClient(cl), cl.Close, nil
 }
 
-// List returns up to limit records of the dead-letter topic (oldest
-// first per partition, partitions in order); limit <= 0 means all.
+// List returns the newest limit records of the dead-letter topic
+// (newest by timestamp across partitions; printed oldest first per
+// partition, partitions in order); limit <= 0 means all. It reads at most
+// limit records of each partition, from its end: never the whole topic.
 func (d *DLQ) List(ctx context.Context, topic string, limit int) ([]DeadLetterRecord, error) {
+	return d.ListFrom(ctx, topic, ListOptions{Limit: limit, Offset: -1})
+}
+
+// ListOptions select what ListFrom reads.
+type ListOptions struct {
+	// Limit is the most records returned; <= 0 means all. Defaults to 0.
+	Limit int
+	// Offset, when >= 0, reads each partition from this offset (or its
+	// first record, when retention deleted the offset) forward: the first
+	// Limit records by partition and offset. When negative, the newest
+	// Limit records are read from the partitions' ends. Defaults to 0
+	// (from the start); List passes -1.
+	Offset int64
+	// Partitions, when not empty, are the only partitions read. Defaults
+	// to nil: every partition.
+	Partitions []int32
+}
+
+// ListFrom returns the records of the dead-letter topic that o selects,
+// sorted by partition and offset. It reads at most o.Limit records of each
+// partition it reads (plus what the broker returns in the same batch).
+func (d *DLQ) ListFrom(ctx context.Context, topic string, o ListOptions) ([]DeadLetterRecord, error) {
 	adm, closeFn, err := d.admin()
 	if err != nil {
 		return nil, err
@@ -225,6 +250,22 @@ func (d *DLQ) List(ctx context.Context, topic string, limit int) ([]DeadLetterRe
 	if err != nil {
 		return nil, err
 	}
+	for p := range end {
+		if len(o.Partitions) > 0 && !slices.Contains(o.Partitions, p) {
+			delete(start, p)
+			delete(end, p)
+			continue
+		}
+		switch {
+		case o.Offset >= 0:
+			start[p] = max(start[p], o.Offset)
+			if o.Limit > 0 && start[p]+int64(o.Limit) < end[p] {
+				end[p] = start[p] + int64(o.Limit)
+			}
+		case o.Limit > 0:
+			start[p] = max(start[p], end[p]-int64(o.Limit))
+		}
+	}
 	var out []DeadLetterRecord
 	err = d.readRange(ctx, topic, start, end, func(rec *kgo.Record) error {
 		out = append(out, deadLetterRecord(rec))
@@ -233,15 +274,26 @@ func (d *DLQ) List(ctx context.Context, topic string, limit int) ([]DeadLetterRe
 	if err != nil {
 		return nil, err
 	}
-	sort.SliceStable(out, func(i, j int) bool {
+	byPosition := func(i, j int) bool {
 		if out[i].Partition != out[j].Partition {
 			return out[i].Partition < out[j].Partition
 		}
 		return out[i].Offset < out[j].Offset
-	})
-	if limit > 0 && len(out) > limit {
-		out = out[:limit]
 	}
+	if o.Limit > 0 && len(out) > o.Limit {
+		if o.Offset < 0 { // the newest across partitions
+			sort.SliceStable(out, func(i, j int) bool {
+				if !out[i].Timestamp.Equal(out[j].Timestamp) {
+					return out[i].Timestamp.After(out[j].Timestamp)
+				}
+				return byPosition(j, i)
+			})
+		} else {
+			sort.SliceStable(out, byPosition)
+		}
+		out = out[:o.Limit]
+	}
+	sort.SliceStable(out, byPosition)
 	if out == nil {
 		out = []DeadLetterRecord{}
 	}
@@ -304,6 +356,23 @@ type RedriveOptions struct {
 	// interrupted redrive (it covers clock skew between producers).
 	// Defaults to RedriveLookbackDefault.
 	Lookback time.Duration
+	// DB, when set, is the redrive ledger (package migrate's
+	// idem_admin_audit and idem_dlq_redrive tables): Redrive holds an
+	// advisory lock on From for its whole run, so a second redrive of the
+	// same topic waits for it and then skips what it moved; it skips every
+	// record the ledger holds as redriven to the same destination (unless
+	// Force), and records one audit row (Actor, Reason, the records moved)
+	// plus a ledger row per record before it returns. A dry run only reads
+	// the ledger. Defaults to nil: no ledger, no lock, no audit row (two
+	// redrives run at once may then both publish a record).
+	DB RedriveDB
+	// Actor and Reason are recorded in the audit row. Both are required
+	// with a DB (ErrAuditRequired). Default to "".
+	Actor, Reason string
+	// Force republishes the selected records even when the ledger or the
+	// destination shows them already redriven; the audit row says forced.
+	// Defaults to false.
+	Force bool
 }
 
 // RedriveLookbackDefault is RedriveOptions.Lookback's default.
@@ -320,6 +389,9 @@ type RedriveReport struct {
 	// Filtered counts records that FilterError left out.
 	Filtered int  `json:"filtered"`
 	DryRun   bool `json:"dry_run"`
+	Forced   bool `json:"forced,omitempty"`
+	// AuditID is the idem_admin_audit row of this redrive (with a DB).
+	AuditID int64 `json:"audit_id,omitempty"`
 	// Refused are reference copies (Truncated) whose original is no longer
 	// in its source topic: there is nothing to republish. Redrive moves
 	// the other records and returns an error wrapping ErrSourceGone.
@@ -339,6 +411,11 @@ type RedriveMove struct {
 	To      string `json:"to"`
 	EventID string `json:"event_id,omitempty"`
 	Error   string `json:"error"`
+	// For an already redriven record that the ledger holds: who redrove it
+	// last, when, and that redrive's audit row.
+	RedrivenBy string     `json:"redriven_by,omitempty"`
+	RedrivenAt *time.Time `json:"redriven_at,omitempty"`
+	AuditID    int64      `json:"audit_id,omitempty"`
 }
 
 // Redrive republishes the records of a dead-letter topic to their source
@@ -351,8 +428,12 @@ type RedriveMove struct {
 // before producing, Redrive reads the destination (from Lookback before
 // the oldest selected record) for dlq-redrive-id headers and skips the
 // records already there, so a redrive interrupted after some produces and
-// run again produces only the rest. Two redrives of one topic run at the
-// same time are not protected from each other: run one at a time.
+// run again produces only the rest. With o.DB, redrives of one topic are
+// serialized by the ledger, which also records each record moved and the
+// audit row: two redrives of one record at the same time publish it once,
+// and a later one reports it already redriven (o.Force redrives again).
+// Without a DB, two redrives run at the same time are not protected from
+// each other.
 //
 // A republished record is processed again by the consumer; the inbox
 // makes that harmless for an event that was in fact processed.
@@ -363,11 +444,24 @@ func (d *DLQ) Redrive(ctx context.Context, o RedriveOptions) (*RedriveReport, er
 	if o.Lookback <= 0 {
 		o.Lookback = RedriveLookbackDefault
 	}
+	if o.DB != nil && !o.DryRun && (strings.TrimSpace(o.Actor) == "" || strings.TrimSpace(o.Reason) == "") {
+		return nil, ErrAuditRequired
+	}
+	var led *ledger
+	if o.DB != nil {
+		// The lock comes before the dead-letter topic is read: a redrive
+		// that waited reads what the one before it left.
+		var err error
+		if led, err = beginLedger(ctx, o); err != nil {
+			return nil, err
+		}
+		defer led.rollback(ctx) // a no-op after commit
+	}
 	recs, err := d.List(ctx, o.From, 0)
 	if err != nil {
 		return nil, err
 	}
-	rep := &RedriveReport{Moved: []RedriveMove{}, AlreadyRedriven: []RedriveMove{}, DryRun: o.DryRun}
+	rep := &RedriveReport{Moved: []RedriveMove{}, AlreadyRedriven: []RedriveMove{}, DryRun: o.DryRun, Forced: o.Force}
 	type planned struct {
 		rec  DeadLetterRecord
 		move RedriveMove
@@ -395,9 +489,10 @@ func (d *DLQ) Redrive(ctx context.Context, o RedriveOptions) (*RedriveReport, er
 		}
 	}
 	if len(plan) == 0 {
-		return rep, nil
+		return rep, led.commit(ctx, o, rep, nil, nil)
 	}
-	// Copies already on each destination, from an earlier run.
+	// Copies already on each destination, from an earlier run (also one
+	// whose ledger transaction did not commit: a crash after producing).
 	seen := map[string]bool{}
 	adm, closeFn, err := d.admin()
 	if err != nil {
@@ -405,6 +500,9 @@ func (d *DLQ) Redrive(ctx context.Context, o RedriveOptions) (*RedriveReport, er
 	}
 	defer closeFn()
 	for to, t := range oldest {
+		if o.Force {
+			break
+		}
 		start, end, err := d.bounds(ctx, adm, to, t.Add(-o.Lookback))
 		if err != nil {
 			return nil, err
@@ -422,8 +520,18 @@ func (d *DLQ) Redrive(ctx context.Context, o RedriveOptions) (*RedriveReport, er
 		}
 	}
 	var out []*kgo.Record
+	var outRecs []*DeadLetterRecord
 	var gone []string
 	for _, p := range plan {
+		if prev, ok := led.earlier(&p.rec, p.move.To); ok && !o.Force {
+			m := p.move
+			m.RedrivenBy, m.AuditID = prev.Actor, prev.AuditID
+			if prev.LastAt.Valid {
+				m.RedrivenAt = &prev.LastAt.Time
+			}
+			rep.AlreadyRedriven = append(rep.AlreadyRedriven, m)
+			continue
+		}
 		if seen[p.move.To+"\x00"+p.move.ID] {
 			rep.AlreadyRedriven = append(rep.AlreadyRedriven, p.move)
 			continue
@@ -451,13 +559,14 @@ func (d *DLQ) Redrive(ctx context.Context, o RedriveOptions) (*RedriveReport, er
 		}
 		headers = append(headers, kgo.RecordHeader{Key: HeaderDeadLetterRedriveID, Value: []byte(p.move.ID)})
 		out = append(out, &kgo.Record{Topic: p.move.To, Key: p.rec.Key, Value: p.rec.Value, Headers: headers})
+		outRecs = append(outRecs, &p.rec)
 	}
 	var goneErr error
 	if len(gone) > 0 {
 		goneErr = fmt.Errorf("%w: refused %s", ErrSourceGone, strings.Join(gone, ", "))
 	}
 	if o.DryRun || len(out) == 0 {
-		return rep, goneErr
+		return rep, errors.Join(goneErr, led.commit(ctx, o, rep, nil, goneErr))
 	}
 	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), d.opts...), ProducerOpts()...)...)
 	if err != nil {
@@ -465,15 +574,31 @@ func (d *DLQ) Redrive(ctx context.Context, o RedriveOptions) (*RedriveReport, er
 	}
 	defer cl.Close()
 	// One record at a time, in order: an interruption leaves a prefix
-	// produced, which the next run skips.
+	// produced, which the next run skips. Each produced record gets its
+	// ledger row in the transaction that holds the lock; the commit makes
+	// them visible together with the audit row. A crash before the commit
+	// loses the rows, not the records: the next redrive finds their
+	// dlq-redrive-id on the destination.
+	var moved []auditedRecord
 	for i, rec := range out {
+		var runErr error
 		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
-			id := rep.Moved[i].ID
 			rep.Moved = rep.Moved[:i]
-			return rep, errors.Join(fmt.Errorf("kafka: redrive %s to %s: %w", id, rec.Topic, err), goneErr)
+			runErr = fmt.Errorf("kafka: redrive %s to %s: %w", outRecs[i].ID(), rec.Topic, err)
+		} else {
+			moved = append(moved, auditedRecord{Topic: outRecs[i].Topic, Partition: outRecs[i].Partition, Offset: outRecs[i].Offset,
+				To: rec.Topic, EventID: outRecs[i].EventID})
+			if err := led.record(ctx, outRecs[i], rec.Topic); err != nil {
+				rep.Moved = rep.Moved[:i+1]
+				runErr = fmt.Errorf("kafka: redrive %s to %s: produced, not recorded: %w", outRecs[i].ID(), rec.Topic, err)
+			}
+		}
+		if runErr != nil {
+			runErr = errors.Join(runErr, goneErr)
+			return rep, errors.Join(runErr, led.commit(ctx, o, rep, moved, runErr))
 		}
 	}
-	return rep, goneErr
+	return rep, errors.Join(goneErr, led.commit(ctx, o, rep, moved, goneErr))
 }
 
 // sourceTopic is the topic of a dlq-source "topic/partition/offset".

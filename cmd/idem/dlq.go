@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -21,18 +23,28 @@ func init() {
 	register(&cli.Command{Name: "dlq", Summary: "dead-letter topics: list | show | redrive", Run: runDLQ})
 }
 
-const dlqUsage = `Usage: idem dlq list TOPIC [--limit N] [--json]
+const dlqUsage = `Usage: idem dlq list TOPIC [--limit N] [--offset O [--partition P]] [--json]
        idem dlq show TOPIC PARTITION OFFSET [--json]
-       idem dlq redrive --from TOPIC.dlq [--to TOPIC] [--filter-error SUBSTR] [--dry-run] [--json]
+       idem dlq redrive --from TOPIC.dlq --reason WHY [--actor WHO] [--to TOPIC]
+                        [--filter-error SUBSTR] [--force] [--dry-run] [--json]
 
 Reads the dead-letter topics the consumers write (<topic>.dlq, records
 with dlq-error, dlq-source, dlq-attempts and dlq-consumer headers) and
 republishes their records to their source topic with their key, value and
 original headers, plus a dlq-redrive-id header naming the dead-letter
-record. A redrive skips every record whose copy is already on the
-destination, so a redrive interrupted and run again does not publish a
-record twice; run one redrive of a topic at a time. The consumer's inbox
-makes a replay of an event it did process harmless.
+record. list reads the newest --limit records (at most that many per
+partition, from the end), or with --offset the first --limit from that
+offset on.
+
+A redrive is recorded in the database (DATABASE_URL, migrations applied):
+one idem_admin_audit row (action dlq.redrive, --actor, --reason, the
+records moved: topic/partition/offset and destination) and one
+idem_dlq_redrive row per record, also logged on stderr. --reason is
+required; --actor defaults to the OS user, with a warning. Redrives of one
+topic are serialized by an advisory lock: a record already redriven (the
+ledger says so, or its copy is on the destination) is skipped and listed
+as such, also when two redrives run at once; --force redrives it again.
+The consumer's inbox makes a replay of an event it did process harmless.
 
 KAFKA_BROKERS (comma list) selects the cluster; default 127.0.0.1:9092.`
 
@@ -87,7 +99,9 @@ func withTimeout(ctx context.Context, d time.Duration) (context.Context, context
 func runDLQList(ctx context.Context, args []string) error {
 	fs := cli.FlagSet("dlq list", dlqUsage)
 	asJSON := fs.Bool("json", false, "print a JSON array")
-	limit := fs.Int("limit", 100, "at most this many records (0: all)")
+	limit := fs.Int("limit", 100, "at most this many records, the newest (0: all)")
+	offset := fs.Int64("offset", -1, "read from this offset of each partition on, instead of the newest")
+	partition := fs.Int("partition", -1, "read this partition only")
 	timeout := fs.Duration("timeout", time.Minute, "give up reading after this long")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -99,9 +113,19 @@ func runDLQList(ctx context.Context, args []string) error {
 	if *limit < 0 {
 		return cli.Usagef("--limit must not be negative")
 	}
+	if flagSet(fs, "offset") && *offset < 0 {
+		return cli.Usagef("--offset must not be negative")
+	}
+	lo := kafka.ListOptions{Limit: *limit, Offset: *offset}
+	if flagSet(fs, "partition") {
+		if *partition < 0 || *partition > math.MaxInt32 {
+			return cli.Usagef("--partition must be a non-negative integer")
+		}
+		lo.Partitions = []int32{int32(*partition)}
+	}
 	ctx, cancel := withTimeout(ctx, *timeout)
 	defer cancel()
-	recs, err := dlqClient().List(ctx, pos[0], *limit)
+	recs, err := dlqClient().ListFrom(ctx, pos[0], lo)
 	if err != nil {
 		return err
 	}
@@ -181,7 +205,10 @@ func runDLQRedrive(ctx context.Context, args []string) error {
 	from := fs.String("from", "", "the dead-letter topic (required)")
 	to := fs.String("to", "", "the destination (defaults to each record's dlq-source topic)")
 	filter := fs.String("filter-error", "", "only records whose dlq-error contains this")
-	dry := fs.Bool("dry-run", false, "report what would move; produce nothing")
+	dry := fs.Bool("dry-run", false, "report what would move; produce nothing, record nothing")
+	force := fs.Bool("force", false, "redrive records already redriven too (recorded as forced)")
+	who := fs.String("actor", "", "who acts, for the audit trail (default: the OS user)")
+	reason := fs.String("reason", "", "why, for the audit trail (required)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long (a rerun continues where it stopped)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -196,9 +223,25 @@ func runDLQRedrive(ctx context.Context, args []string) error {
 	if *to == *from {
 		return cli.Usagef("--to must differ from --from")
 	}
+	actor := *who
+	if !*dry {
+		var err error
+		if actor, err = auditActor(*who, *reason); err != nil {
+			return err
+		}
+	}
 	ctx, cancel := withTimeout(ctx, *timeout)
 	defer cancel()
-	rep, rerr := dlqClient().Redrive(ctx, kafka.RedriveOptions{From: *from, To: *to, FilterError: *filter, DryRun: *dry})
+	pool, err := cli.Connect(ctx, cli.DatabaseURL())
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rep, rerr := dlqClient().Redrive(ctx, kafka.RedriveOptions{From: *from, To: *to, FilterError: *filter, DryRun: *dry,
+		DB: pool, Actor: actor, Reason: *reason, Force: *force})
+	if rep != nil && !rep.DryRun {
+		logRedrive(*from, actor, *reason, rep, rerr)
+	}
 	if rep != nil {
 		if *asJSON {
 			if err := printJSON(rep); err != nil {
@@ -213,10 +256,18 @@ func runDLQRedrive(ctx context.Context, args []string) error {
 				fmt.Printf("%s %s -> %s (event %s)\n", verb, termSafe(m.ID, false), termSafe(m.To, false), termSafe(m.EventID, false))
 			}
 			for _, m := range rep.AlreadyRedriven {
-				fmt.Printf("skipped %s: already on %s\n", termSafe(m.ID, false), termSafe(m.To, false))
+				if m.AuditID != 0 {
+					fmt.Printf("skipped %s: already redriven to %s by %s at %s (audit row %d; --force redrives it again)\n", termSafe(m.ID, false),
+						termSafe(m.To, false), termSafe(m.RedrivenBy, false), m.RedrivenAt.UTC().Format(time.RFC3339), m.AuditID)
+					continue
+				}
+				fmt.Printf("skipped %s: already on %s (--force redrives it again)\n", termSafe(m.ID, false), termSafe(m.To, false))
 			}
 			printRefused(rep.Refused)
 			fmt.Printf("%d %s, %d already redriven, %d filtered out\n", len(rep.Moved), verb, len(rep.AlreadyRedriven), rep.Filtered)
+			if rep.AuditID != 0 {
+				fmt.Printf("recorded as audit row %d (actor %s)\n", rep.AuditID, termSafe(actor, false))
+			}
 		}
 	}
 	if rerr != nil {
@@ -226,4 +277,24 @@ func runDLQRedrive(ctx context.Context, args []string) error {
 		return rerr
 	}
 	return nil
+}
+
+// logRedrive logs a redrive on stderr: who, why, and each record moved.
+func logRedrive(from, actor, reason string, rep *kafka.RedriveReport, err error) {
+	moved := make([]string, 0, min(len(rep.Moved), 51))
+	for i, m := range rep.Moved {
+		if i == 50 { // the audit row has them all
+			moved = append(moved, fmt.Sprintf("... %d more", len(rep.Moved)-i))
+			break
+		}
+		moved = append(moved, termSafe(m.ID, false)+"->"+termSafe(m.To, false))
+	}
+	args := []any{"action", "dlq.redrive", "subject", from, "actor", actor, "reason", reason, "audit_id", rep.AuditID,
+		"forced", rep.Forced, "moved", strings.Join(moved, ","), "already_redriven", len(rep.AlreadyRedriven)}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err != nil {
+		log.Warn("action", append(args, "err", err)...)
+		return
+	}
+	log.Info("action", args...)
 }

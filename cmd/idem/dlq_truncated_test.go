@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testkafka"
 	"github.com/idemkit/idem/kafka"
 )
@@ -42,12 +43,12 @@ func TestDLQTruncatedCopy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	env := []string{"KAFKA_BROKERS=" + strings.Join(kc.Addrs, ",")}
+	env := []string{"KAFKA_BROKERS=" + strings.Join(kc.Addrs, ","), "DATABASE_URL=" + testdb.New(t).URL}
 	stdout, stderr, code := runIdem(t, env, "dlq", "show", "orders.events.dlq", "0", "0")
 	if code != 0 || !strings.Contains(stdout, "read from its source orders.events/0/0") || !strings.Contains(stdout, `"original value"`) {
 		t.Errorf("show (exit %d):\n%s%s", code, stdout, stderr)
 	}
-	stdout, stderr, code = runIdem(t, env, "dlq", "redrive", "--from", "orders.events.dlq", "--to", "orders.redriven")
+	stdout, stderr, code = runIdem(t, env, "dlq", "redrive", "--from", "orders.events.dlq", "--to", "orders.redriven", "--actor", "ops", "--reason", "fixed")
 	if code != 0 || !strings.Contains(stdout, "1 redriven") {
 		t.Errorf("redrive (exit %d):\n%s%s", code, stdout, stderr)
 	}
@@ -64,7 +65,7 @@ func TestDLQTruncatedCopy(t *testing.T) {
 		t.Errorf("show after retention (exit %d):\n%s%s", code, stdout, stderr)
 	}
 	kc.CreateTopic(t, "orders.redriven-again", 1)
-	stdout, stderr, code = runIdem(t, env, "dlq", "redrive", "--from", "orders.events.dlq", "--to", "orders.redriven-again")
+	stdout, stderr, code = runIdem(t, env, "dlq", "redrive", "--from", "orders.events.dlq", "--to", "orders.redriven-again", "--actor", "ops", "--reason", "fixed")
 	if code != 1 || !strings.Contains(stdout, "refused orders.events.dlq/0/0: truncated dead-letter copy whose source record is gone") ||
 		!strings.Contains(stderr, "source record of a truncated dead-letter copy is gone") || !strings.Contains(stdout, "0 redriven") {
 		t.Errorf("redrive after retention (exit %d):\n%s%s", code, stdout, stderr)
