@@ -5,6 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"net/http"
+	"os"
+	"regexp"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -55,5 +58,26 @@ func TestSQLTxWrappedDriver(t *testing.T) {
 		return tx.SQLTx()
 	}(); err != nil || stx == nil {
 		t.Fatalf("SQLTx on a plain transaction: %v, %v", stx, err)
+	}
+}
+
+// The generator that made ent/ is the ent of go.mod: ent/generate.go runs
+// entgo.io/ent/cmd/ent at the version go.mod requires (the generated code
+// and the runtime it calls must match).
+func TestGeneratorVersionIsGoMods(t *testing.T) {
+	gen, err := os.ReadFile("ent/generate.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod, err := os.ReadFile("../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*entgo\.io/ent (v\S+)`).FindSubmatch(mod)
+	if m == nil {
+		t.Fatal("go.mod requires no entgo.io/ent")
+	}
+	if want := "entgo.io/ent/cmd/ent@" + string(m[1]) + " "; !strings.Contains(string(gen), want) {
+		t.Fatalf("ent/generate.go does not run %q (go.mod's ent)", want)
 	}
 }
