@@ -39,7 +39,9 @@ func init() {
 			"  completed keys; two-step-traced: two-step with OpenTelemetry tracing and\n" +
 			"  metrics on (idemotel's hook and traceparent extraction, SDK tracer with a\n" +
 			"  batch processor to a discarding exporter, SDK meter), its cost against\n" +
-			"  two-step in the same run. Every request carries a traceparent. Every\n" +
+			"  two-step in the same run; sql-transactional: transactional over\n" +
+			"  database/sql (pgx's stdlib driver, NewSQLStore), its ratio to transactional.\n" +
+			"  Every request carries a traceparent. Every\n" +
 			"  handler run writes one row. Scratch schema (dropped after).\n" +
 			"With --store redis (or a redis:// URL), in the same rounds: redis-two-step, the\n" +
 			"  same two-step middleware and handler (its row still in PostgreSQL) over the\n" +
@@ -232,6 +234,13 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 			return send(ctx, "/transactional/rows", newKey(), http.StatusCreated)
 		}},
 	}
+	// sql-transactional, beside transactional: the same over database/sql.
+	sqlTx, closeSQLTx, err := benchSQLTransactional(urls[0], clients, mux, scope, newKey, conns)
+	if err != nil {
+		return nil, err
+	}
+	defer closeSQLTx()
+	variants = append(variants, sqlTx)
 	// replay: repeats of keys completed beforehand (each written once).
 	const replayKeys = 1000
 	replay := make([]string, replayKeys)
@@ -307,6 +316,7 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	if base := byName["two-step"].OpsPerSec; base > 0 {
 		fmt.Fprintf(env.Log, "http: tracing on/off (two-step-traced/two-step): %.3f\n", byName["two-step-traced"].OpsPerSec/base)
 	}
+	benchSQLTransactionalRatio(env.Log, byName)
 	return results, nil
 }
 
