@@ -88,4 +88,3 @@ func kgoHeaders(hs []consume.Header) []kgo.RecordHeader {
 func tooLarge(err error) bool {
 	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge)
 }
-
