@@ -1,6 +1,7 @@
 package kafkago_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"math/rand/v2"
@@ -19,6 +20,7 @@ import (
 	"github.com/idemkit/idem/consume"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testkafka"
+	idemkafka "github.com/idemkit/idem/kafka"
 	"github.com/idemkit/idem/kafkago"
 )
 
@@ -78,7 +80,8 @@ func TestConsumerStartChecksDeadLetterTopic(t *testing.T) {
 // consumer dead-letters a reference copy (no value; key, event id,
 // dlq-source, dlq-size, the error, dlq-truncated), the message behind it
 // is processed, the partition's offset moves past both, and nothing is
-// reported stuck.
+// reported stuck. The dead-letter tools (package kafka's DLQ, behind idem
+// dlq show and redrive) read the original from its source.
 func TestDeadLetterTooLargeReferenceCopy(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t)
@@ -171,5 +174,9 @@ func TestDeadLetterTooLargeReferenceCopy(t *testing.T) {
 	}
 	if o, _ := offs.Lookup("orders", 0); o.At != 3 {
 		t.Errorf("committed offset %d (%v), want 3: the partition did not move past the message", o.At, o.Err)
+	}
+	got, err := idemkafka.NewDLQ(kgo.SeedBrokers(kc.Addrs...)).Show(ctx, "orders.small.dlq", 0, 0)
+	if err != nil || !got.Truncated || !got.FromSource || !bytes.Equal(got.Value, big) {
+		t.Fatalf("dlq show: truncated %v, from source %v, value %d bytes, %v", got.Truncated, got.FromSource, len(got.Value), err)
 	}
 }
