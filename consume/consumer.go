@@ -92,13 +92,20 @@ func newConsumer(db backend, driver Driver, cfg *Config) (*Consumer, error) {
 	}, nil
 }
 
-// Start opens a session (Driver.Open) and processes messages on a goroutine
-// until Stop or HardStop. ctx bounds the opening and lends its values to
+// Start checks the dead-letter destinations when the driver can
+// (DeadLetterChecker: a missing one is an error naming it), opens a
+// session (Driver.Open) and processes messages on a goroutine until Stop
+// or HardStop. ctx bounds the check and the opening and lends its values to
 // the run; cancelling it after Start returned changes nothing. Start on a
 // running Consumer does nothing; Start after a stop opens a fresh session.
 func (c *Consumer) Start(ctx context.Context) error {
 	return c.ss.Start(ctx, func(ctx context.Context, g *startstop.Group) error {
 		c.stopBy.Store(0)
+		if dc, ok := c.driver.(DeadLetterChecker); ok {
+			if err := dc.CheckDeadLetter(ctx); err != nil {
+				return err
+			}
+		}
 		sess, err := c.driver.Open(ctx)
 		if err != nil {
 			return fmt.Errorf("consume: open session: %w", err)

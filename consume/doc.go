@@ -36,9 +36,12 @@
 //
 // # A message that can be neither processed nor dead-lettered
 //
-// When the dead-letter itself fails (the topic does not exist, the
+// A driver that implements DeadLetterChecker (all of idem's) checks at
+// Start that its dead-letter topics exist and fails naming them, so a
+// missing one is found before the first poison message. When the
+// dead-letter itself fails all the same (the topic was deleted since, the
 // consumer may not write to it, or the copy is too large and the driver
-// cannot send a reference copy instead: package kafka does, see below),
+// cannot send a reference copy instead: idem's drivers do, see below),
 // the message is never dropped and never loops silently. After
 // the first failed attempt it holds its stream, and only its stream: the
 // other streams keep flowing and rebalances are not blocked, because
@@ -54,10 +57,11 @@
 //   - missing or forbidden dead-letter topic: create it, or grant the
 //     consumer write access; the next background attempt succeeds and the
 //     stream resumes by itself;
-//   - copy too large (a driver without reference copies; package kafka
-//     dead-letters a reference instead, with no value and dlq-truncated,
-//     and the stream moves on: the original stays in the source topic for
-//     its retention, where idem dlq show and redrive read it): raise the
+//   - copy too large (a driver without reference copies; idem's drivers,
+//     kafka, kafkago and natsjs, dead-letter a reference instead,
+//     DeadLetter.ReferenceHeaders, with no value and dlq-truncated, and
+//     the stream moves on: the original stays in the source for its
+//     retention, where idem dlq show and redrive read it): raise the
 //     dead-letter topic's max.message.bytes (and,
 //     for a local MESSAGE_TOO_LARGE, the consumer's producer limit,
 //     kgo.ProducerBatchMaxBytes in package kafka's ClientOpts) above the

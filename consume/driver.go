@@ -16,6 +16,19 @@ type Driver interface {
 	Open(ctx context.Context) (Session, error)
 }
 
+// DeadLetterChecker is a Driver that can tell, before its first session,
+// whether the dead-letter destinations it would publish to exist (Kafka
+// topics, JetStream streams). Consumer.Start calls CheckDeadLetter before
+// Open and returns its error, so that a missing destination is found at
+// start, not when the first poison message arrives. A driver whose
+// broker cannot be asked (down, unreachable) logs that and returns nil:
+// an unreachable broker shows in Fetch, as Open's contract says. Every
+// idem driver implements it, with a config field to turn it off
+// (SkipDeadLetterTopicCheck) for brokers that create topics on first use.
+type DeadLetterChecker interface {
+	CheckDeadLetter(ctx context.Context) error
+}
+
 // Session is one run's connection to the broker. The Consumer calls Fetch,
 // Ack, Hold and Close from one goroutine, in that order of a run's life;
 // DeadLetter may run concurrently with them (a stuck record's retries run

@@ -51,15 +51,10 @@ type Consumer struct {
 // processes records on a goroutine until Stop or HardStop (see
 // consume.Consumer.Start). A missing dead-letter topic is
 // ErrDeadLetterTopicMissing, naming it: found at start, not when the first
-// poison record arrives. ctx bounds the check and the opening.
-func (c *Consumer) Start(ctx context.Context) error {
-	if !c.cfg.SkipDeadLetterTopicCheck {
-		if err := c.cfg.checkDeadLetterTopics(ctx); err != nil {
-			return err
-		}
-	}
-	return c.Consumer.Start(ctx)
-}
+// poison record arrives. ctx bounds the check and the opening. The check
+// is the driver's (consume.DeadLetterChecker), so a consume.Consumer on
+// NewDriver makes it too.
+func (c *Consumer) Start(ctx context.Context) error { return c.Consumer.Start(ctx) }
 
 // NewConsumer validates cfg and returns a Consumer; nothing connects until
 // Start. db runs the transactions (a *pgxpool.Pool), handler applies each
@@ -170,7 +165,8 @@ func RecordOf(e ConsumerEvent) *kgo.Record {
 // consume.Consumer directly: with a broker-neutral handler (on
 // *consume.Message), or beside the drivers of other brokers. Only the
 // fields that reach the broker count (Brokers, Group, Topics, EventID,
-// MaxPollRecords, DeadLetterTopic, Logger, ClientOpts); the loop's own
+// MaxPollRecords, DeadLetterTopic, SkipDeadLetterTopicCheck, Logger,
+// ClientOpts); the loop's own
 // settings (MaxAttempts, Batch, Prepare, Hook…) are consume.Config's.
 func NewDriver(cfg *ConsumerConfig) (consume.Driver, error) {
 	c := ConsumerConfig{}

@@ -83,7 +83,8 @@ func (b *kitBroker) Driver(t testing.TB, cfg consumertest.DriverConfig) consume.
 	t.Helper()
 	d, err := kafka.NewDriverForTest(&kafka.ConsumerConfig{
 		Brokers: b.addrs, Group: cfg.Group, Topics: cfg.Topics, DeadLetterTopic: cfg.DeadLetterTopic,
-		CommitTimeout: 5 * time.Second,
+		SkipDeadLetterTopicCheck: cfg.SkipDeadLetterCheck,
+		CommitTimeout:            5 * time.Second,
 		// The kit kills and adds members: hand partitions over quickly.
 		ClientOpts: []kgo.Opt{
 			kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(200 * time.Millisecond),

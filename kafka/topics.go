@@ -73,6 +73,15 @@ func (c *ConsumerConfig) deadLetterTopics() []string {
 	return out
 }
 
+// CheckDeadLetter is consume.DeadLetterChecker: checkDeadLetterTopics
+// unless SkipDeadLetterTopicCheck.
+func (d *driver) CheckDeadLetter(ctx context.Context) error {
+	if d.cfg.SkipDeadLetterTopicCheck {
+		return nil
+	}
+	return d.cfg.checkDeadLetterTopics(ctx)
+}
+
 // deadLetterCheckTimeout bounds Start's dead-letter check when the
 // broker does not answer.
 const deadLetterCheckTimeout = 5 * time.Second

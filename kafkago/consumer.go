@@ -55,9 +55,17 @@ type ConsumerConfig struct {
 	// DeadLetterTopic receives the messages the consumer gave up on.
 	// Defaults to the message's topic + DeadLetterSuffixDefault (".dlq").
 	DeadLetterTopic string
+	// SkipDeadLetterTopicCheck turns off Start's check that every
+	// dead-letter topic exists (ErrDeadLetterTopicMissing): for a broker
+	// that creates topics on first use. Without the check, a missing
+	// topic shows only when the first poison message arrives. Defaults to
+	// false (Start checks).
+	SkipDeadLetterTopicCheck bool
 	// DeadLetterMaxBytes bounds a dead-letter copy (its Writer's
-	// BatchBytes): a larger copy fails locally, and the message is held
-	// (consume.KindStuck). Defaults to DeadLetterMaxBytesDefault (1 MiB).
+	// BatchBytes): a larger copy, or one the broker refuses as too large
+	// (the topic's max.message.bytes), is replaced by a reference copy
+	// (see the package doc) and the partition moves on. Defaults to
+	// DeadLetterMaxBytesDefault (1 MiB).
 	DeadLetterMaxBytes int64
 	// Reader, when set, adjusts the kafka.ReaderConfig after the driver
 	// filled it in (Dialer for TLS or SASL, session and rebalance

@@ -35,7 +35,9 @@ func TestConsumerKit(t *testing.T) {
 		},
 		Attach:         func(_ testing.TB, addr string) consumertest.Broker { return &kitBroker{addrs: []string{addr}} },
 		NearLimitValue: kitLimit - 300,
-		SQLDrivers:     testdb.SQLDrivers,
+		// A copy too large is dead-lettered as a reference (no value).
+		ReferenceCopy: true,
+		SQLDrivers:    testdb.SQLDrivers,
 	})
 }
 
@@ -86,7 +88,8 @@ func (b *kitBroker) Driver(t testing.TB, cfg consumertest.DriverConfig) consume.
 	t.Helper()
 	d, err := kafkago.NewDriver(&kafkago.ConsumerConfig{
 		Brokers: b.addrs, Group: cfg.Group, Topics: cfg.Topics, DeadLetterTopic: cfg.DeadLetterTopic,
-		DeadLetterMaxBytes: kitLimit, Logger: quiet(),
+		SkipDeadLetterTopicCheck: cfg.SkipDeadLetterCheck,
+		DeadLetterMaxBytes:       kitLimit, Logger: quiet(),
 		// The kit kills and adds members: hand partitions over quickly.
 		Reader: func(rc *kafka.ReaderConfig) {
 			rc.SessionTimeout, rc.HeartbeatInterval, rc.RebalanceTimeout = 6*time.Second, 200*time.Millisecond, 10*time.Second

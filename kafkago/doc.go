@@ -69,4 +69,16 @@
 // that moves to another member stays held in this session until its
 // dead-letter succeeds (its commit is then refused or harmless) or the
 // session ends; its new owner starts from the committed offset.
+//
+// Dead letters go to DeadLetterTopic (else topic + ".dlq"), with the
+// headers every driver writes (consume.DeadLetter.CopyHeaders). Start
+// checks that each dead-letter topic exists, by a metadata request that
+// never creates one, and fails with ErrDeadLetterTopicMissing naming it
+// (SkipDeadLetterTopicCheck turns that off, for a broker that creates
+// topics on first use). A copy too large for DeadLetterMaxBytes or the
+// topic's max.message.bytes is dead-lettered as a reference copy, as
+// package kafka does: no value, the event headers, dlq-truncated and
+// dlq-size; the partition moves on and the original stays at dlq-source
+// (topic/partition/offset) for the source topic's retention, where idem
+// dlq show and redrive read it.
 package kafkago

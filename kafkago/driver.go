@@ -10,7 +10,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consume"
 )
 
@@ -61,19 +60,7 @@ type session struct {
 func (d *driver) Open(context.Context) (consume.Session, error) {
 	s := &session{cfg: &d.cfg, log: d.log, held: map[partition]*hold{}}
 	s.r = s.newReader()
-	s.w = &kafka.Writer{
-		Addr:         kafka.TCP(d.cfg.Brokers...),
-		Balancer:     &kafka.Murmur2Balancer{},
-		RequiredAcks: kafka.RequireAll,
-		BatchBytes:   d.cfg.DeadLetterMaxBytes,
-		BatchTimeout: WriterBatchTimeout,
-		// The consumer bounds and retries each dead-letter itself.
-		MaxAttempts: 3,
-		Transport:   &kafka.Transport{},
-	}
-	if d.cfg.Writer != nil {
-		d.cfg.Writer(s.w)
-	}
+	s.w = d.newWriter()
 	return s, nil
 }
 
@@ -226,38 +213,6 @@ func (s *session) Hold(_ context.Context, m *consume.Message) error {
 	}
 	s.keep(h, m)
 	return nil
-}
-
-// DeadLetter writes a copy of m to the dead-letter topic with the
-// dead-letter headers and waits for the broker's acknowledgement, or for
-// ctx.
-func (s *session) DeadLetter(ctx context.Context, m *consume.Message, dl consume.DeadLetter) error {
-	km := m.Raw.(*kafka.Message)
-	topic := s.cfg.DeadLetterTopic
-	if topic == "" {
-		topic = km.Topic + DeadLetterSuffixDefault
-	}
-	headers := make([]kafka.Header, 0, len(km.Headers)+5)
-	headers = append(headers, km.Headers...)
-	headers = append(headers,
-		kafka.Header{Key: idem.HeaderDeadLetterError, Value: []byte(dl.Error)},
-		kafka.Header{Key: idem.HeaderDeadLetterSource, Value: []byte(source(km))},
-		kafka.Header{Key: idem.HeaderDeadLetterAttempts, Value: []byte(strconv.Itoa(dl.Attempts))},
-		kafka.Header{Key: idem.HeaderDeadLetterConsumer, Value: []byte(dl.ConsumerID)},
-	)
-	if !hasHeader(km, idem.HeaderEventID) && m.EventID != "" {
-		headers = append(headers, kafka.Header{Key: idem.HeaderEventID, Value: []byte(m.EventID)})
-	}
-	return s.w.WriteMessages(ctx, kafka.Message{Topic: topic, Key: km.Key, Value: km.Value, Headers: headers})
-}
-
-func hasHeader(m *kafka.Message, key string) bool {
-	for _, h := range m.Headers {
-		if h.Key == key {
-			return true
-		}
-	}
-	return false
 }
 
 // Close closes the Reader (it leaves the group, so that another member

@@ -152,6 +152,7 @@ func TestRetryDuplicatesAtTheBroker(t *testing.T) {
 	t.Parallel()
 	proxy, c := newDropProxy(t, 1)
 	c.CreateTopic(t, "orders.events", 1)
+	c.CreateTopic(t, "orders.events.dlq", 1) // the consumer checks it at Start
 	pub, err := kafkago.NewPublisher(newWriter(t, c.Addrs...))
 	if err != nil {
 		t.Fatal(err)

@@ -38,7 +38,9 @@ func TestConsumerKit(t *testing.T) {
 			return &kitBroker{s: attach(t, url, prefix, false)}
 		},
 		NearLimitValue: kitMaxMsgSize - 300,
-		SQLDrivers:     testdb.SQLDrivers,
+		// A copy too large is dead-lettered as a reference (no value).
+		ReferenceCopy: true,
+		SQLDrivers:    testdb.SQLDrivers,
 	})
 }
 
@@ -69,6 +71,7 @@ func (b *kitBroker) Driver(t testing.TB, cfg consumertest.DriverConfig) consume.
 	t.Helper()
 	d, err := natsjs.NewDriver(&natsjs.ConsumerConfig{
 		URL: b.s.url, Prefix: b.s.prefix, Group: cfg.Group, Topics: cfg.Topics, DeadLetterTopic: cfg.DeadLetterTopic,
+		SkipDeadLetterTopicCheck: cfg.SkipDeadLetterCheck,
 		// A killed member's messages come back after AckWait: short here.
 		AckWait: 3 * time.Second, FetchMaxWait: 200 * time.Millisecond, Logger: quiet(),
 	})

@@ -43,7 +43,13 @@
 //   - MaxDeliver is unlimited: JetStream never drops a message the
 //     consume.Consumer has not given up on; its MaxAttempts and
 //     dead-letter path decide (a dead-letter goes to the same aggregate's
-//     subject under the dead-letter topic);
+//     subject under the dead-letter topic, whose stream Start checks:
+//     ErrDeadLetterTopicMissing when none captures it, unless
+//     SkipDeadLetterTopicCheck; a copy over the stream's MaxMsgSize or the
+//     server's max_payload is dead-lettered as a reference copy, with no
+//     value, dlq-truncated, dlq-size and dlq-source "stream/sequence", and
+//     the subject moves on: the original stays in its stream while the
+//     stream's limits keep it);
 //   - a held subject (a message that can be neither processed nor
 //     dead-lettered) is held in the driver: its later messages stay in
 //     hand, unacknowledged and renewed, until the holding message is

@@ -65,6 +65,12 @@ type ConsumerConfig struct {
 	// the same aggregate subject under it (its stream must exist:
 	// StreamConfig). Defaults to the message's topic + ".dlq".
 	DeadLetterTopic string
+	// SkipDeadLetterTopicCheck turns off Start's check that a stream
+	// captures every dead-letter topic's subjects
+	// (ErrDeadLetterTopicMissing). Without the check, a missing stream
+	// shows only when the first poison message arrives. Defaults to false
+	// (Start checks).
+	SkipDeadLetterTopicCheck bool
 	// AckWait is the durable consumer's AckWait. Defaults to
 	// AckWaitDefault (30s).
 	AckWait time.Duration
@@ -276,8 +282,7 @@ type session struct {
 func (d *driver) Open(context.Context) (consume.Session, error) {
 	opts := append([]nats.Option{
 		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
-		nats.Name("idem-" + d.cfg.Group),
-	}, d.cfg.Options...)
+	}, d.options()...)
 	nc, err := nats.Connect(d.cfg.URL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: connect: %w", err)
@@ -513,39 +518,6 @@ func (s *session) Hold(_ context.Context, m *consume.Message) error {
 	}
 	s.keep(h, m)
 	return nil
-}
-
-// DeadLetter publishes a copy of m on the dead-letter topic's subject for
-// the same aggregate, with the dead-letter headers, and waits for
-// JetStream's acknowledgement. The copy keeps m's Nats-Msg-Id: a second
-// dead-letter of m within the duplicate window (a crash between the
-// dead-letter and the ack) is dropped by the dead-letter stream.
-func (s *session) DeadLetter(ctx context.Context, m *consume.Message, dl consume.DeadLetter) error {
-	jm := m.Raw.(jetstream.Msg)
-	topic := s.cfg.DeadLetterTopic
-	if topic == "" {
-		topic = m.Topic + DeadLetterSuffixDefault
-	}
-	subject := WithPrefix(s.cfg.Prefix, topic)
-	if rest, ok := strings.CutPrefix(jm.Subject(), WithPrefix(s.cfg.Prefix, m.Topic)+"."); ok {
-		subject += "." + rest
-	}
-	h := nats.Header{}
-	for k, vs := range jm.Headers() {
-		h[k] = append([]string(nil), vs...)
-	}
-	h[idem.HeaderDeadLetterError] = []string{dl.Error}
-	h[idem.HeaderDeadLetterSource] = []string{source(jm)}
-	h[idem.HeaderDeadLetterAttempts] = []string{strconv.Itoa(dl.Attempts)}
-	h[idem.HeaderDeadLetterConsumer] = []string{dl.ConsumerID}
-	if h.Get(idem.HeaderEventID) == "" && m.EventID != "" {
-		h[idem.HeaderEventID] = []string{m.EventID}
-	}
-	if h.Get(HeaderMsgID) == "" && m.EventID != "" {
-		h.Set(HeaderMsgID, m.EventID)
-	}
-	_, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: jm.Data()})
-	return err
 }
 
 // Close stops the heartbeat, gives back (Nak) every message in hand so

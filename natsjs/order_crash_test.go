@@ -57,6 +57,7 @@ func TestOrderAcrossACrash(t *testing.T) {
 	db := testdb.New(t)
 	ctx := context.Background()
 	s.createTopic(t, "orders.events", 0)
+	s.createTopic(t, "orders.events.dlq", 0) // the consumer checks it at Start
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE order_effect (id bigserial PRIMARY KEY, event_id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,9 @@
 //     With Harness.ReferenceCopy, the too-large case checks instead that
 //     a reference copy (no value, dlq-truncated) is dead-lettered and the
 //     stream moves on.
+//   - DeadLetterCheck: Start fails, with an error naming it, when the
+//     dead-letter topic is missing (consume.DeadLetterChecker), and
+//     starts with the driver's check turned off.
 //
 // KillAfterDBCommit runs the test binary again as the consumer process:
 // Run must be called from a top-level test (TestXxx(t) { consumertest.Run(t,
@@ -113,6 +116,9 @@ type DriverConfig struct {
 	Group           string
 	Topics          []string
 	DeadLetterTopic string
+	// SkipDeadLetterCheck: the driver must not check at Start that the
+	// dead-letter topic exists (its SkipDeadLetterTopicCheck).
+	SkipDeadLetterCheck bool
 }
 
 // Msg is a message the kit produces or reads back.
@@ -170,6 +176,7 @@ func Run(t *testing.T, h Harness) {
 			t.Run("batch="+strconv.FormatBool(batch), func(t *testing.T) { t.Parallel(); testDefiniteRefusal(t, h, batch) })
 		}
 	})
+	t.Run("DeadLetterCheck", func(t *testing.T) { t.Parallel(); testDeadLetterCheck(t, h) })
 	t.Run("StuckDeadLetter", func(t *testing.T) {
 		t.Parallel()
 		for _, c := range []string{"missing-topic", "too-large"} {

@@ -46,7 +46,8 @@ func testStuckDeadLetter(t *testing.T, h Harness, which string) {
 	}
 	var evA, evB events
 	newConsumer := func(ev *events) *consume.Consumer {
-		d := w.broker.Driver(t, DriverConfig{Group: w.group, Topics: []string{w.topic}, DeadLetterTopic: dlq})
+		// The topic is missing on purpose: no check at Start.
+		d := w.broker.Driver(t, DriverConfig{Group: w.group, Topics: []string{w.topic}, DeadLetterTopic: dlq, SkipDeadLetterCheck: which == "missing-topic"})
 		c, err := consume.New(w.db.Pool, d, hnd, &consume.Config{
 			ConsumerID: w.group, BackoffMin: time.Millisecond, BackoffMax: 200 * time.Millisecond,
 			DeadLetterAttempts: 2, DeadLetterTimeout: 3 * time.Second, AckTimeout: 5 * time.Second,
@@ -180,4 +181,39 @@ func testReferenceCopy(t *testing.T, h Harness) {
 	if n := ev.count(consume.KindStuck, ""); n != 0 {
 		t.Errorf("%d stuck events, want 0", n)
 	}
+}
+
+// testDeadLetterCheck: a consumer whose dead-letter topic does not exist
+// fails at Start with an error naming it, before it takes any message;
+// with the driver's check off it starts (and stops).
+func testDeadLetterCheck(t *testing.T, h Harness) {
+	w := newWorld(t, h, 1)
+	const missing = "kit.events.nodlq"
+	newConsumer := func(skip bool) *consume.Consumer {
+		d := w.broker.Driver(t, DriverConfig{Group: w.group, Topics: []string{w.topic}, DeadLetterTopic: missing, SkipDeadLetterCheck: skip})
+		c, err := consume.New(w.db.Pool, d, effectHandler, &consume.Config{ConsumerID: w.group, AckTimeout: 5 * time.Second, Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := newConsumer(false)
+	err := c.Start(ctx)
+	if err == nil || !strings.Contains(err.Error(), missing) {
+		_ = c.Stop(ctx)
+		t.Fatalf("Start without the dead-letter topic %s: %v, want an error naming it", missing, err)
+	}
+	if err := c.Stop(ctx); err != nil {
+		t.Fatalf("Stop after a failed Start: %v", err)
+	}
+	start(t, newConsumer(true))
+	// The existing dead-letter topic passes the check.
+	d := w.broker.Driver(t, DriverConfig{Group: w.group, Topics: []string{w.topic}, DeadLetterTopic: w.dlq})
+	ok, err := consume.New(w.db.Pool, d, effectHandler, &consume.Config{ConsumerID: w.group + "-ok", AckTimeout: 5 * time.Second, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, ok)
 }

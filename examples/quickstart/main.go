@@ -26,7 +26,6 @@ import (
 	"github.com/idemkit/idem/outbox"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -68,7 +67,7 @@ func run(ctx context.Context, dsn, brokers string, ln net.Listener, signals []os
 
 	stopBroker := func() {}
 	if brokers == "" {
-		fake, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic, topic+".dlq"))
+		fake, err := kfake.NewCluster(kfake.NumBrokers(1))
 		if err != nil {
 			return err
 		}
@@ -81,8 +80,9 @@ func run(ctx context.Context, dsn, brokers string, ln net.Listener, signals []os
 		return err
 	}
 	defer client.Close()
-	// A real broker may not auto-create topics: create them (an existing one is fine).
-	if _, err := kadm.NewClient(client).CreateTopics(ctx, 1, -1, nil, topic, topic+".dlq"); err != nil {
+	// A broker may not auto-create topics: create them (an existing one is
+	// fine), the consumer's dead-letter topic too (its Start checks it).
+	if err := kafka.EnsureTopics(ctx, client, 1, topic, topic+kafka.DeadLetterSuffixDefault); err != nil {
 		return err
 	}
 

@@ -102,7 +102,10 @@ func (b *broker) ensure(ctx context.Context, partitions int32) error {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	for _, t := range []string{usecase.TopicOrderEvents, usecase.TopicBillingCommands, usecase.TopicOrderEvents + natsjs.DeadLetterSuffixDefault} {
+	// Each consumer's dead-letter topic too: the consumers check at Start
+	// that a stream captures it.
+	for _, t := range []string{usecase.TopicOrderEvents, usecase.TopicBillingCommands,
+		usecase.TopicOrderEvents + natsjs.DeadLetterSuffixDefault, usecase.TopicBillingCommands + natsjs.DeadLetterSuffixDefault} {
 		if _, err := js.CreateOrUpdateStream(ctx, natsjs.StreamConfig(t)); err != nil {
 			return fmt.Errorf("billing: create stream %s on %s: %w", natsjs.StreamName(t), cli.RedactList(b.cfg.NATSURL), err)
 		}

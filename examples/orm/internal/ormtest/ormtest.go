@@ -126,6 +126,7 @@ func Run(t *testing.T, newImpl func(t *testing.T, sdb *sql.DB) Impl) {
 	t.Run("Consumer", func(t *testing.T) {
 		kc := testkafka.New(t)
 		kc.CreateTopic(t, "orders.events", 1)
+		kc.CreateTopic(t, "orders.events.dlq", 1) // the consumer checks it at Start
 		cl := kc.Client(t, kgo.DefaultProduceTopic("orders.events"))
 		var recs []*kgo.Record
 		for _, id := range []string{"e1", "e2", "e1"} { // e1 delivered twice
