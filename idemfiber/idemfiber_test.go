@@ -1,0 +1,102 @@
+package idemfiber_test
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"testing"
+
+	"github.com/gofiber/fiber/v3"
+	"github.com/gofiber/fiber/v3/middleware/recover"
+
+	"github.com/idemkit/idem/idemfiber"
+	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/adaptertest"
+)
+
+// principal is the suite's scope, read from the fiber.Ctx.
+func principal(c fiber.Ctx) (string, error) {
+	if a := c.Get("Authorization"); a != "" {
+		return a, nil
+	}
+	return "", errors.New("no credentials")
+}
+
+// serve runs app on a loopback listener until the test ends.
+func serve(t *testing.T, app *fiber.App) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = app.Listener(ln, fiber.ListenConfig{DisableStartupMessage: true})
+	}()
+	t.Cleanup(func() { _ = app.Shutdown(); <-done })
+	return "http://" + ln.Addr().String()
+}
+
+// build serves adaptertest's contract behind idemfiber, which is one of
+// each route's handlers (so that the route template is its scope).
+func build(t *testing.T, a *adaptertest.App, mw *idempotency.Middleware) string {
+	guard, err := idemfiber.New(mw, &idemfiber.Config{Scope: principal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fiber.New()
+	rec := recover.New()
+	gate := func(c fiber.Ctx) error {
+		if !a.Gate.Wait(c.Context()) {
+			return c.SendStatus(http.StatusServiceUnavailable)
+		}
+		return c.Next()
+	}
+	chain := []any{rec, guard}
+	if a.RecoveryInside {
+		chain = []any{guard, rec}
+	}
+	chain = append(chain, gate)
+	effect := func(c fiber.Ctx) error {
+		if c.Get("X-Fault") != "" {
+			return c.Status(http.StatusInternalServerError).SendString("injected fault")
+		}
+		ctx := c.Context()
+		var id int64
+		var err error
+		if tx, ok := idemfiber.Tx(c); ok {
+			err = tx.QueryRow(ctx, adaptertest.EffectSQL, c.Get("Authorization"), string(c.Body())).Scan(&id)
+		} else {
+			err = a.Pool.QueryRow(ctx, adaptertest.EffectSQL, c.Get("Authorization"), string(c.Body())).Scan(&id)
+		}
+		if err != nil {
+			return c.Status(http.StatusInternalServerError).SendString(err.Error())
+		}
+		if c.Get("X-Panic") != "" {
+			panic("injected panic")
+		}
+		if c.Get("X-Fail-After-Write") != "" {
+			return c.Status(http.StatusServiceUnavailable).SendString("failed after the write")
+		}
+		if c.Get("X-No-Store") != "" {
+			idemfiber.DoNotStore(c)
+		}
+		c.Set("Location", fmt.Sprintf("/effects/%d", id))
+		return c.Status(http.StatusCreated).JSON(fiber.Map{"id": id})
+	}
+	for _, p := range []string{"/charges", "/refunds", "/orders/:id"} {
+		app.Post(p, chain[0], append(chain[1:], effect)...)
+	}
+	return serve(t, app)
+}
+
+// TestAdapter runs the adapters' behaviour suite (idemtest's conformance
+// suite in both modes with recover on either side, the 50-way race on one
+// key, the route template scope, release and rollback, wait mode) against
+// a Fiber server behind idemfiber.
+func TestAdapter(t *testing.T) {
+	t.Parallel()
+	adaptertest.Run(t, build)
+}
