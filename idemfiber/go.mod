@@ -6,6 +6,7 @@ require (
 	github.com/gofiber/fiber/v3 v3.1.0
 	github.com/idemkit/idem v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
+	go.uber.org/goleak v1.3.0
 )
 
 require (
