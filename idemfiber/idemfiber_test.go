@@ -60,6 +60,9 @@ func build(t *testing.T, a *adaptertest.App, mw *idempotency.Middleware) string 
 	}
 	chain = append(chain, gate)
 	effect := func(c fiber.Ctx) error {
+		if c.Get("X-Bad") != "" {
+			return fiber.NewError(http.StatusUnprocessableEntity, "refused")
+		}
 		if c.Get("X-Fault") != "" {
 			return c.Status(http.StatusInternalServerError).SendString("injected fault")
 		}
@@ -94,8 +97,8 @@ func build(t *testing.T, a *adaptertest.App, mw *idempotency.Middleware) string 
 
 // TestAdapter runs the adapters' behaviour suite (idemtest's conformance
 // suite in both modes with recover on either side, the 50-way race on one
-// key, the route template scope, release and rollback, wait mode) against
-// a Fiber server behind idemfiber.
+// key, the route template scope, release and rollback, wait mode, a
+// *fiber.Error stored) against a Fiber server behind idemfiber.
 func TestAdapter(t *testing.T) {
 	t.Parallel()
 	adaptertest.Run(t, build)

@@ -54,6 +54,9 @@ const EffectSQL = `INSERT INTO effect (principal, body) VALUES ($1, $2) RETURNIN
 //     template): EffectSQL through the request's transaction in
 //     transactional mode (else through Pool), then 201 with
 //     Location: /effects/<id> and a JSON body holding the id;
+//   - X-Bad: a definitive refusal, 422 with "refused" in its body, before
+//     the write, returned as the framework's own error value where it has
+//     one (*echo.HTTPError, *fiber.Error): that error's response is stored;
 //   - X-Fault: 500 before the write; X-Panic: a panic after it;
 //     X-Fail-After-Write: 503 after it; X-No-Store: DoNotStore, then the
 //     201;
@@ -72,9 +75,9 @@ type App struct {
 // server's base URL; it stops the server in t.Cleanup.
 type Build func(t *testing.T, a *App, mw *idempotency.Middleware) string
 
-// setup builds one App: a schema of its own, the effect table, the
+// Setup builds one App: a schema of its own, the effect table, the
 // middleware over PostgreSQL (wrap, when given, decorates the store).
-func setup(t *testing.T, build Build, mode idempotency.Mode, recoveryInside bool, cfg *idempotency.Config, wrap ...func(*idempotency.PostgresStore) idempotency.Store) *App {
+func Setup(t *testing.T, build Build, mode idempotency.Mode, recoveryInside bool, cfg *idempotency.Config, wrap ...func(*idempotency.PostgresStore) idempotency.Store) *App {
 	t.Helper()
 	db := testdb.New(t, testdb.MaxConns(16))
 	if _, err := db.Pool.Exec(t.Context(), `CREATE TABLE effect (id bigserial PRIMARY KEY, principal text NOT NULL, body text NOT NULL)`); err != nil {
@@ -99,7 +102,8 @@ func setup(t *testing.T, build Build, mode idempotency.Mode, recoveryInside bool
 	return a
 }
 
-func (a *App) rows(t *testing.T) int {
+// Rows is the number of executions: the effect table's rows.
+func (a *App) Rows(t *testing.T) int {
 	t.Helper()
 	var n int
 	if err := a.Pool.QueryRow(context.Background(), `SELECT count(*) FROM effect`).Scan(&n); err != nil {
@@ -116,7 +120,10 @@ type Reply struct {
 	Retry    string
 }
 
-func (a *App) post(t *testing.T, path, key, body string, hdr ...string) Reply {
+// Post sends one POST to path as alice, with the key (none if empty) and
+// the header pairs hdr. It reports a transport failure with t.Error, so it
+// may run on another goroutine.
+func (a *App) Post(t *testing.T, path, key, body string, hdr ...string) Reply {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, a.URL+path, strings.NewReader(body))
 	if err != nil {
@@ -148,6 +155,28 @@ func Run(t *testing.T, build Build) {
 	t.Run("route-template", func(t *testing.T) { t.Parallel(); routeTemplate(t, build) })
 	t.Run("release-rollback", func(t *testing.T) { t.Parallel(); releaseAndRollback(t, build) })
 	t.Run("wait", func(t *testing.T) { t.Parallel(); wait(t, build) })
+	t.Run("error-stored", func(t *testing.T) { t.Parallel(); errorStored(t, build) })
+}
+
+// errorStored: the framework's own error value for a 4xx (X-Bad) is
+// answered by the framework's error handler inside the guarded chain, so
+// its 422 is stored and replayed (an adapter that let the error out of
+// the chain would store an empty 200).
+func errorStored(t *testing.T, build Build) {
+	for _, mode := range Modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			a := Setup(t, build, mode, false, nil)
+			first := a.Post(t, "/charges", "k-error", `{"n":1}`, "X-Bad", "1")
+			if first.Status != http.StatusUnprocessableEntity || first.Replayed || !strings.Contains(first.Body, "refused") {
+				t.Fatalf("first: %+v, want the framework's 422", first)
+			}
+			again := a.Post(t, "/charges", "k-error", `{"n":1}`)
+			if again.Status != http.StatusUnprocessableEntity || !again.Replayed || again.Body != first.Body {
+				t.Fatalf("retry: %+v, want the replay of %+v", again, first)
+			}
+		})
+	}
 }
 
 // conformance runs idemtest's whole suite, in both modes, with the
@@ -159,14 +188,14 @@ func conformance(t *testing.T, build Build) {
 			t.Run(fmt.Sprintf("%s/recovery-inside=%v", mode, inside), func(t *testing.T) {
 				t.Parallel()
 				const retention = 2 * time.Second
-				a := setup(t, build, mode, inside, &idempotency.Config{Retention: retention, Lease: retention / 2})
+				a := Setup(t, build, mode, inside, &idempotency.Config{Retention: retention, Lease: retention / 2})
 				idemtest.Check(t, idemtest.Target{
 					URL:         a.URL + "/charges",
 					AltURL:      a.URL + "/refunds",
 					Body:        []byte(`{"order_id":"o-1","customer_id":"c-1","amount_kopecks":1000}`),
 					Header:      http.Header{"Authorization": {"Bearer alice"}},
 					PrincipalB:  http.Header{"Authorization": {"Bearer bob"}},
-					Count:       func(ctx context.Context) (int64, error) { return int64(a.rows(t)), nil },
+					Count:       func(ctx context.Context) (int64, error) { return int64(a.Rows(t)), nil },
 					Hold:        a.Gate.Hold,
 					FaultHeader: http.Header{"X-Fault": {"1"}},
 					TTL:         retention,
@@ -182,13 +211,13 @@ func race(t *testing.T, build Build) {
 	for _, mode := range Modes {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
-			a := setup(t, build, mode, false, nil)
+			a := Setup(t, build, mode, false, nil)
 			release := a.Gate.Hold()
 			defer release()
 			const n = 50
 			answers := make(chan Reply, n)
 			for range n {
-				go func() { answers <- a.post(t, "/charges", "race-key", `{"n":1}`) }()
+				go func() { answers <- a.Post(t, "/charges", "race-key", `{"n":1}`) }()
 			}
 			// The owner is held at the gate: the other 49 are answered
 			// while it waits, then it is let through.
@@ -212,10 +241,10 @@ func race(t *testing.T, build Build) {
 			if created != 1 || created+inProgress != n {
 				t.Fatalf("%d created, %d in progress; want 1 and %d", created, inProgress, n-1)
 			}
-			if got := a.rows(t); got != 1 {
+			if got := a.Rows(t); got != 1 {
 				t.Fatalf("%d executions, want 1", got)
 			}
-			if r := a.post(t, "/charges", "race-key", `{"n":1}`); r.Status != http.StatusCreated || !r.Replayed {
+			if r := a.Post(t, "/charges", "race-key", `{"n":1}`); r.Status != http.StatusCreated || !r.Replayed {
 				t.Fatalf("after the race: %+v, want the replay", r)
 			}
 		})
@@ -227,17 +256,17 @@ func race(t *testing.T, build Build) {
 // with a different request (reused), while the same key on /charges is
 // another operation. With the URL path as the route, /orders/2 would run.
 func routeTemplate(t *testing.T, build Build) {
-	a := setup(t, build, idempotency.ModeTwoStep, false, nil)
-	if r := a.post(t, "/orders/1", "k-route", `{}`); r.Status != http.StatusCreated {
+	a := Setup(t, build, idempotency.ModeTwoStep, false, nil)
+	if r := a.Post(t, "/orders/1", "k-route", `{}`); r.Status != http.StatusCreated {
 		t.Fatalf("/orders/1: %+v", r)
 	}
-	if r := a.post(t, "/orders/2", "k-route", `{}`); r.Status != http.StatusConflict || !strings.Contains(r.Body, idem.CodeKeyReused) {
+	if r := a.Post(t, "/orders/2", "k-route", `{}`); r.Status != http.StatusConflict || !strings.Contains(r.Body, idem.CodeKeyReused) {
 		t.Fatalf("/orders/2 with the key of /orders/1: %+v, want 409 %s", r, idem.CodeKeyReused)
 	}
-	if r := a.post(t, "/charges", "k-route", `{}`); r.Status != http.StatusCreated || r.Replayed {
+	if r := a.Post(t, "/charges", "k-route", `{}`); r.Status != http.StatusCreated || r.Replayed {
 		t.Fatalf("/charges with the key of /orders/1: %+v, want its own 201", r)
 	}
-	if n := a.rows(t); n != 2 {
+	if n := a.Rows(t); n != 2 {
 		t.Fatalf("%d executions, want 2", n)
 	}
 }
@@ -253,8 +282,8 @@ func releaseAndRollback(t *testing.T, build Build) {
 			for _, fault := range []string{"X-Panic", "X-Fail-After-Write", "X-No-Store"} {
 				t.Run(fmt.Sprintf("%s/recovery-inside=%v/%s", mode, inside, fault), func(t *testing.T) {
 					t.Parallel()
-					a := setup(t, build, mode, inside, nil)
-					first := a.post(t, "/charges", "k-release", `{"n":1}`, fault, "1")
+					a := Setup(t, build, mode, inside, nil)
+					first := a.Post(t, "/charges", "k-release", `{"n":1}`, fault, "1")
 					want := http.StatusInternalServerError
 					switch fault {
 					case "X-Fail-After-Write":
@@ -271,17 +300,17 @@ func releaseAndRollback(t *testing.T, build Build) {
 					if mode == idempotency.ModeTransactional {
 						wantRows = 0
 					}
-					if n := a.rows(t); n != wantRows {
+					if n := a.Rows(t); n != wantRows {
 						t.Fatalf("%d rows after the failed run, want %d", n, wantRows)
 					}
-					retry := a.post(t, "/charges", "k-release", `{"n":1}`)
+					retry := a.Post(t, "/charges", "k-release", `{"n":1}`)
 					if retry.Status != http.StatusCreated || retry.Replayed {
 						t.Fatalf("retry: %+v, want a fresh 201", retry)
 					}
-					if n := a.rows(t); n != wantRows+1 {
+					if n := a.Rows(t); n != wantRows+1 {
 						t.Fatalf("%d rows after the retry, want %d", n, wantRows+1)
 					}
-					again := a.post(t, "/charges", "k-release", `{"n":1}`)
+					again := a.Post(t, "/charges", "k-release", `{"n":1}`)
 					if again.Status != http.StatusCreated || !again.Replayed || again.Body != retry.Body {
 						t.Fatalf("second retry: %+v, want the replay of %q", again, retry.Body)
 					}
@@ -298,18 +327,18 @@ func wait(t *testing.T, build Build) {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			claims := make(chan idempotency.Outcome, 16)
-			a := setup(t, build, mode, false, &idempotency.Config{Wait: 20 * time.Second}, func(s *idempotency.PostgresStore) idempotency.Store {
+			a := Setup(t, build, mode, false, &idempotency.Config{Wait: 20 * time.Second}, func(s *idempotency.PostgresStore) idempotency.Store {
 				return &watchedStore{PostgresStore: s, outcomes: claims}
 			})
 			release := a.Gate.Hold()
 			defer release()
 			first := make(chan Reply, 1)
-			go func() { first <- a.post(t, "/charges", "k-wait", `{"n":1}`) }()
+			go func() { first <- a.Post(t, "/charges", "k-wait", `{"n":1}`) }()
 			if o := <-claims; o != idempotency.OutcomeClaimed {
 				t.Fatalf("the first claim: %s", o)
 			}
 			second := make(chan Reply, 1)
-			go func() { second <- a.post(t, "/charges", "k-wait", `{"n":1}`) }()
+			go func() { second <- a.Post(t, "/charges", "k-wait", `{"n":1}`) }()
 			// The duplicate met the held claim: without Wait it would
 			// answer 409 now; with it, it polls until the first completes.
 			if o := <-claims; o != idempotency.OutcomeInProgress {
@@ -320,7 +349,7 @@ func wait(t *testing.T, build Build) {
 			if f.Status != http.StatusCreated || s.Status != http.StatusCreated || !s.Replayed || s.Body != f.Body {
 				t.Fatalf("first %+v, duplicate %+v: want the duplicate to replay the first", f, s)
 			}
-			if n := a.rows(t); n != 1 {
+			if n := a.Rows(t); n != 1 {
 				t.Fatalf("%d executions, want 1", n)
 			}
 		})
