@@ -3,6 +3,18 @@
 // Idempotent-Replayed, 409 in progress with Retry-After, wait mode, both
 // modes, release on 5xx and panic) as a native fiber.Handler.
 //
+//	guard, err := idemfiber.New(mw, &idemfiber.Config{Scope: principalOf})
+//	...
+//	app.Post("/charges/:account", recover.New(), guard, func(c fiber.Ctx) error {
+//		tx, _ := idemfiber.Tx(c) // ModeTransactional: commits with the stored response
+//		...
+//	})
+//
+// In ModeTransactional the handler reaches the request's transaction with
+// Tx(c); DoNotStore(c) delivers a response once, unstored.
+//
+// # How it works
+//
 // It does not reimplement the protocol, and it does not adapt fasthttp to
 // net/http: it hands the request's parts (method, route, path, headers,
 // body) to idempotency.Middleware.Serve, the engine behind Wrap, and runs
@@ -26,9 +38,6 @@
 //     back) and panics on, to a recover middleware placed before
 //     idemfiber; one placed after it answers 500 inside the chain, which
 //     is released like any 5xx.
-//
-// In ModeTransactional the handler reaches the request's transaction with
-// Tx(c); DoNotStore(c) delivers a response once, unstored.
 //
 // What it does not do: fasthttp does not tell a handler that its client
 // hung up, so "client gone" (Config.KeepOnClientGone) is seen only when
