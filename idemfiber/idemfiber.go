@@ -115,8 +115,10 @@ func New(mw *idempotency.Middleware, cfg *Config) (fiber.Handler, error) {
 }
 
 func defaultRoute(c fiber.Ctx) string {
-	if r := c.Route(); r != nil && r.Method != "USE" && r.Path != "" {
-		return r.Path
+	// Matched: a route (not an app.Use prefix) holds this handler, so its
+	// template is the final route's.
+	if c.Matched() {
+		return c.Route().Path
 	}
 	return string(c.Request().URI().PathOriginal())
 }

@@ -103,3 +103,60 @@ func TestAdapter(t *testing.T) {
 	t.Parallel()
 	adaptertest.Run(t, build)
 }
+
+// TestUseScopesByPath: registered with app.Use, idemfiber runs before
+// Fiber has found the final route, so it scopes by the path: one key on
+// /orders/1 and then /orders/2 is two operations (with the route template
+// it would be a reused key, see the suite's route-template check). GET,
+// which the middleware does not guard, passes through untouched.
+func TestUseScopesByPath(t *testing.T) {
+	t.Parallel()
+	a := adaptertest.Setup(t, func(t *testing.T, a *adaptertest.App, mw *idempotency.Middleware) string {
+		guard, err := idemfiber.New(mw, &idemfiber.Config{Scope: principal})
+		if err != nil {
+			t.Fatal(err)
+		}
+		app := fiber.New()
+		app.Use(guard)
+		app.Post("/orders/:id", func(c fiber.Ctx) error {
+			var id int64
+			if err := a.Pool.QueryRow(c.Context(), adaptertest.EffectSQL, c.Get("Authorization"), string(c.Body())).Scan(&id); err != nil {
+				return err
+			}
+			return c.Status(http.StatusCreated).JSON(fiber.Map{"id": id})
+		})
+		app.Get("/orders/:id", func(c fiber.Ctx) error { return c.SendString("order " + c.Params("id")) })
+		return serve(t, app)
+	}, idempotency.ModeTwoStep, false, nil)
+	for _, p := range []string{"/orders/1", "/orders/2"} {
+		if r := a.Post(t, p, "k-use", `{}`); r.Status != http.StatusCreated || r.Replayed {
+			t.Fatalf("%s: %+v, want its own 201", p, r)
+		}
+	}
+	if r := a.Post(t, "/orders/2", "k-use", `{}`); r.Status != http.StatusCreated || !r.Replayed {
+		t.Fatalf("/orders/2 again: %+v, want the replay", r)
+	}
+	resp, err := http.Get(a.URL + "/orders/7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET without a key: %d, want 200", resp.StatusCode)
+	}
+	http.DefaultClient.CloseIdleConnections()
+}
+
+// TestNewNeedsScope: a Config without Scope is ErrNoScope.
+func TestNewNeedsScope(t *testing.T) {
+	t.Parallel()
+	mw, err := idempotency.New(idempotency.NewMemoryStore(), &idempotency.Config{Scope: adaptertest.Principal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cfg := range []*idemfiber.Config{nil, {}} {
+		if _, err := idemfiber.New(mw, cfg); !errors.Is(err, idemfiber.ErrNoScope) {
+			t.Errorf("New(%+v): %v, want ErrNoScope", cfg, err)
+		}
+	}
+}
