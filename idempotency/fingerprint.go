@@ -23,6 +23,12 @@ func isJSON(contentType string) bool {
 // nested too deep or with ambiguous member names is an error
 // (ErrBodyTooDeep, ErrBodyAmbiguous): it is refused, not fingerprinted.
 func (c *config) fingerprint(r *http.Request, body []byte) (Fingerprint, error) {
+	return c.fingerprintOf(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Values, body)
+}
+
+// fingerprintOf is fingerprint over the request's parts: header returns the
+// values of a request header.
+func (c *config) fingerprintOf(method, path, rawQuery string, header func(string) []string, body []byte) (Fingerprint, error) {
 	h := sha256.New()
 	var n [8]byte
 	part := func(b []byte) {
@@ -30,14 +36,18 @@ func (c *config) fingerprint(r *http.Request, body []byte) (Fingerprint, error) 
 		h.Write(n[:])
 		h.Write(b)
 	}
-	part([]byte(r.Method))
-	part([]byte(r.URL.EscapedPath()))
-	part([]byte(r.URL.RawQuery))
+	part([]byte(method))
+	part([]byte(path))
+	part([]byte(rawQuery))
 	for _, name := range c.FingerprintHeaders {
-		part([]byte(strings.Join(r.Header.Values(name), "\x00")))
+		part([]byte(strings.Join(header(name), "\x00")))
 	}
 	var fp Fingerprint
-	if isJSON(r.Header.Get("Content-Type")) {
+	var ct string
+	if vs := header("Content-Type"); len(vs) > 0 {
+		ct = vs[0]
+	}
+	if isJSON(ct) {
 		canon, err := canonicalize(body, c.fields, c.MaxBodyDepth)
 		switch {
 		case err == nil:

@@ -2,15 +2,14 @@ package idempotency
 
 import (
 	"errors"
-	"net/http"
 
 	"github.com/idemkit/idem"
 )
 
-// keyFromRequest reads the one Idempotency-Key header of r with idem's key
-// rule. Two header lines are invalid: they would make the key ambiguous.
-func keyFromRequest(r *http.Request) (string, error) {
-	vs := r.Header.Values(idem.HeaderKey)
+// keyFromValues reads the one Idempotency-Key header, given its values,
+// with idem's key rule. Two header lines are invalid: they would make the
+// key ambiguous.
+func keyFromValues(vs []string) (string, error) {
 	switch len(vs) {
 	case 0:
 		return "", ErrKeyRequired

@@ -102,7 +102,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		writeProblem(w, status, code, detail)
 	}
 
-	key, err := keyFromRequest(r)
+	key, err := keyFromValues(r.Header.Values(idem.HeaderKey))
 	if errors.Is(err, ErrKeyRequired) {
 		reject(http.StatusBadRequest, idem.CodeKeyRequired, "this request needs an Idempotency-Key header", err)
 		return
@@ -137,16 +137,32 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 
 	fp, err := m.cfg.fingerprint(r, body)
-	switch {
-	case errors.Is(err, ErrBodyTooDeep):
-		reject(http.StatusBadRequest, idem.CodeBodyTooDeep, fmt.Sprintf("the JSON body nests objects and arrays deeper than %d levels", m.cfg.MaxBodyDepth), err)
-		return
-	case err != nil: // ErrBodyAmbiguous
-		reject(http.StatusBadRequest, idem.CodeBodyAmbiguous, "an object in the JSON body has two members whose names are equal ignoring case; send each member once", err)
+	if m.rejectBody(err, reject) {
 		return
 	}
+	m.guard(w, rq, &httpHandler{next: next, r: r, rec: newRecorder(w)}, scope, key, fp)
+}
+
+// rejectBody refuses a body the fingerprint could not take (too deep,
+// ambiguous). It reports whether it did.
+func (m *Middleware) rejectBody(err error, reject func(status int, code, detail string, err error)) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, ErrBodyTooDeep):
+		reject(http.StatusBadRequest, idem.CodeBodyTooDeep, fmt.Sprintf("the JSON body nests objects and arrays deeper than %d levels", m.cfg.MaxBodyDepth), err)
+	default: // ErrBodyAmbiguous
+		reject(http.StatusBadRequest, idem.CodeBodyAmbiguous, "an object in the JSON body has two members whose names are equal ignoring case; send each member once", err)
+	}
+	return true
+}
+
+// guard is the engine, once the request is accepted: the replay cache,
+// then the claim, the handler's run and the outcome, in the Config's mode.
+// w takes the middleware's own answers; h runs and delivers the handler.
+func (m *Middleware) guard(w http.ResponseWriter, rq *request, h Handler, scope, key string, fp Fingerprint) {
 	rq.claim = Claim{
-		Key:         HashKey(scope, r.Method, rq.ev.Route, key),
+		Key:         HashKey(scope, rq.ev.Method, rq.ev.Route, key),
 		Fingerprint: fp,
 		Lease:       m.cfg.Lease,
 		Retention:   m.cfg.Retention,
@@ -160,10 +176,10 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		return
 	}
 	if m.cfg.Mode == ModeTransactional {
-		m.serveTx(next, w, r, rq)
+		m.serveTx(h, w, rq)
 		return
 	}
-	m.serveTwoStep(next, w, r, rq)
+	m.serveTwoStep(h, w, rq)
 }
 
 func readBody(r *http.Request, max int64) ([]byte, error) {
@@ -288,28 +304,36 @@ func retryAfter(d time.Duration) string {
 	return strconv.FormatInt(s, 10)
 }
 
-// run calls the handler on a recorder, catching a panic so that the claim
-// is released (or rolled back) before the panic goes on.
-func run(next http.Handler, rec *recorder, r *http.Request) (panicked bool, pv any) {
-	defer func() {
-		if v := recover(); v != nil {
-			panicked, pv = true, v
-		}
+// run runs the handler under ctx, catching a panic so that the claim is
+// released (or rolled back) before the panic goes on. It returns what the
+// handler wrote and its status (200 when it wrote nothing).
+func run(h Handler, ctx context.Context) (resp *Response, noStore bool, status int, panicked bool, pv any) {
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				panicked, pv = true, v
+			}
+		}()
+		h.Run(ctx)
 	}()
-	next.ServeHTTP(rec, r)
-	return false, nil
+	resp, noStore = h.Response()
+	status = resp.Status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	return resp, noStore, status, panicked, pv
 }
 
 // stored returns what is kept of the handler's response.
-func (m *Middleware) stored(rec *recorder) *Response {
-	resp := &Response{Status: rec.statusCode(), Header: m.cfg.replayHeadersOf(rec.header), Body: rec.body.Bytes()}
+func (m *Middleware) stored(hr *Response, status int) *Response {
+	resp := &Response{Status: status, Header: m.cfg.replayHeadersOf(hr.Header), Body: hr.Body}
 	if len(resp.Body) > m.cfg.MaxResponseBody {
 		resp.Body = []byte{}
 	}
 	return resp
 }
 
-func (m *Middleware) serveTwoStep(next http.Handler, w http.ResponseWriter, r *http.Request, rq *request) {
+func (m *Middleware) serveTwoStep(h Handler, w http.ResponseWriter, rq *request) {
 	claim := func(ctx context.Context, c Claim) (*ClaimTx, ClaimResult, error) {
 		res, err := m.store.Claim(ctx, c)
 		return nil, res, err
@@ -324,14 +348,12 @@ func (m *Middleware) serveTwoStep(next http.Handler, w http.ResponseWriter, r *h
 	// context ends before the lease can run out, and the lease is renewed
 	// while the handler runs.
 	hctx, stop := m.keepLease(rq, fence, sent)
-	rec := newRecorder(w)
-	panicked, pv := run(next, rec, r.WithContext(hctx))
+	hr, noStore, status, panicked, pv := run(h, hctx)
 	stop()
 
 	ctx := rq.ctx
-	status := rec.statusCode()
-	store := !panicked && !rec.noStore && m.cfg.StoreStatus(status)
-	if rec.status == 0 && ctx.Err() != nil && !m.cfg.KeepOnClientGone {
+	store := !panicked && !noStore && m.cfg.StoreStatus(status)
+	if hr.Status == 0 && ctx.Err() != nil && !m.cfg.KeepOnClientGone {
 		store = false // the client left and the handler wrote nothing
 	}
 	e := rq.ev
@@ -353,13 +375,13 @@ func (m *Middleware) serveTwoStep(next http.Handler, w http.ResponseWriter, r *h
 		if panicked {
 			panic(pv)
 		}
-		rec.send()
+		h.Send()
 		return
 	}
 	dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.CompletionTimeout)
 	defer dcancel()
 	if store {
-		err = m.store.Complete(dctx, rq.claim.Key, fence, m.stored(rec), m.cfg.Retention)
+		err = m.store.Complete(dctx, rq.claim.Key, fence, m.stored(hr, status), m.cfg.Retention)
 		e.Kind = EventComplete
 	} else {
 		err = m.store.Release(dctx, rq.claim.Key, fence)
@@ -400,10 +422,10 @@ func (m *Middleware) serveTwoStep(next http.Handler, w http.ResponseWriter, r *h
 	// The handler's effects happened: its response goes out even if storing
 	// it failed (a retry after the lease then runs the handler again, which
 	// is what the hook's store_error event warns about).
-	rec.send()
+	h.Send()
 }
 
-func (m *Middleware) serveTx(next http.Handler, w http.ResponseWriter, r *http.Request, rq *request) {
+func (m *Middleware) serveTx(h Handler, w http.ResponseWriter, rq *request) {
 	ct, res, sent, err := m.claimWaiting(rq.ctx, m.txs.BeginClaim, rq.claim)
 	if m.answer(w, rq, res, err) {
 		return
@@ -414,13 +436,11 @@ func (m *Middleware) serveTx(next http.Handler, w http.ResponseWriter, r *http.R
 	// lease to renew. HandlerTimeout bounds how long it stays open,
 	// reckoned from when the claim was sent.
 	hctx, cancel := context.WithDeadline(context.WithValue(rq.ctx, txKey{}, ct), sent.Add(m.cfg.HandlerTimeout))
-	rec := newRecorder(w)
-	panicked, pv := run(next, rec, r.WithContext(hctx))
+	hr, noStore, status, panicked, pv := run(h, hctx)
 	cancel()
 
 	ctx := rq.ctx
-	status := rec.statusCode()
-	store := !panicked && !rec.noStore && m.cfg.StoreStatus(status)
+	store := !panicked && !noStore && m.cfg.StoreStatus(status)
 	if ctx.Err() != nil && !m.cfg.KeepOnClientGone {
 		store = false // the client left: roll back, its retry runs afresh
 	}
@@ -448,7 +468,7 @@ func (m *Middleware) serveTx(next http.Handler, w http.ResponseWriter, r *http.R
 	}
 	if store {
 		// One commit: the claim, the handler's writes and the response.
-		err := ct.Commit(dctx, m.stored(rec), m.cfg.Retention)
+		err := ct.Commit(dctx, m.stored(hr, status), m.cfg.Retention)
 		switch {
 		case errors.Is(err, ErrFenced):
 			// A two-step claim on the same key slipped in between our read
@@ -486,7 +506,7 @@ func (m *Middleware) serveTx(next http.Handler, w http.ResponseWriter, r *http.R
 			writeLostAnswer(w)
 			return
 		}
-		rec.send()
+		h.Send()
 		return
 	}
 	e.Kind = EventRelease
@@ -498,7 +518,7 @@ func (m *Middleware) serveTx(next http.Handler, w http.ResponseWriter, r *http.R
 	if panicked {
 		panic(pv)
 	}
-	rec.send()
+	h.Send()
 }
 
 // Start starts the retention purge: every PurgeInterval (and at once) it

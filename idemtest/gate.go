@@ -1,6 +1,7 @@
 package idemtest
 
 import (
+	"context"
 	"net/http"
 	"sync"
 )
@@ -25,19 +26,30 @@ type Gate struct {
 // case h is not called and the request gets 503).
 func (g *Gate) Wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		g.mu.Lock()
-		held := g.held
-		g.mu.Unlock()
-		if held != nil {
-			select {
-			case <-held:
-			case <-req.Context().Done():
-				w.WriteHeader(http.StatusServiceUnavailable)
-				return
-			}
+		if !g.Wait(req.Context()) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
 		}
 		h.ServeHTTP(w, req)
 	})
+}
+
+// Wait is the gate for a handler that is not an http.Handler (a Fiber
+// handler, say): it returns at once while the gate is open, else when it
+// is released (true) or ctx ends (false: do not run the handler).
+func (g *Gate) Wait(ctx context.Context) bool {
+	g.mu.Lock()
+	held := g.held
+	g.mu.Unlock()
+	if held == nil {
+		return true
+	}
+	select {
+	case <-held:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // Hold makes requests that reach the gate wait until release is called.

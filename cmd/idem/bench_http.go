@@ -47,7 +47,7 @@ func init() {
 			"  same two-step middleware and handler (its row still in PostgreSQL) over the\n" +
 			"  Redis store; postgres-replay and redis-replay, replays with the in-process\n" +
 			"  replay cache off, so that each reads its store (replay measures the cache).\n" +
-			"  Redis keys under {idembench-RUN}:, expiring after 10 min.",
+			"  Redis keys under {idembench-RUN}:, expiring after 10 min.\n" + benchAdapterSummary,
 		Flags: func(fs *benchFlags) {
 			fs.String("store", "postgres", "postgres (the variants above only), or redis / a redis:// URL: add the Redis store's variants")
 			fs.Int("seconds", 10, "measured seconds per variant, split over the rounds")
@@ -272,6 +272,12 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		}
 		variants = append(variants, rv...)
 	}
+	av, stopAdapters, err := benchAdapterVariants(ctx, mux, pool, store, scope, newKey, clients, conns)
+	if err != nil {
+		return nil, err
+	}
+	defer stopAdapters()
+	variants = append(variants, av...)
 
 	// The machine is shared: background load drifts. So the variants run
 	// interleaved, in rounds, each round giving every variant an equal
@@ -317,6 +323,7 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		fmt.Fprintf(env.Log, "http: tracing on/off (two-step-traced/two-step): %.3f\n", byName["two-step-traced"].OpsPerSec/base)
 	}
 	benchSQLTransactionalRatio(env.Log, byName)
+	benchAdapterRatios(env.Log, results)
 	return results, nil
 }
 

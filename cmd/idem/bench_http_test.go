@@ -12,19 +12,18 @@ import (
 )
 
 // TestBenchHTTP runs `idem bench http --json` briefly against the test
-// server and checks the contract: one JSON object, the six result names in
-// order, every variant measured. It checks no speed: figures are for the
+// server and checks the contract: one JSON object, the result names in// order, every variant measured. It checks no speed: figures are for the
 // benchmark run, not for tests.
 func TestBenchHTTP(t *testing.T) {
 	t.Parallel()
-	benchHTTP(t, "postgres", []string{"sql-two-step", "two-step", "transactional", "sql-transactional", "replay", "two-step-traced"})
+	benchHTTP(t, "postgres", []string{"sql-two-step", "two-step", "transactional", "sql-transactional", "replay", "two-step-traced", "gin-tx", "echo-tx", "fiber-tx", "fiber-own"})
 }
 
 // TestBenchHTTPRedis: --store with a redis:// URL adds redis-two-step and
 // redis-replay, measured in the same run.
 func TestBenchHTTPRedis(t *testing.T) {
 	t.Parallel()
-	benchHTTP(t, redisTestURL(t), []string{"sql-two-step", "two-step", "transactional", "sql-transactional", "replay", "two-step-traced", "redis-two-step", "postgres-replay", "redis-replay"})
+	benchHTTP(t, redisTestURL(t), []string{"sql-two-step", "two-step", "transactional", "sql-transactional", "replay", "two-step-traced", "redis-two-step", "postgres-replay", "redis-replay", "gin-tx", "echo-tx", "fiber-tx", "fiber-own"})
 }
 
 func TestBenchHTTPBadStore(t *testing.T) {
