@@ -39,6 +39,7 @@ func TestMain(m *testing.M) {
 		if err := goleak.Find(
 			goleak.IgnoreAnyFunction("github.com/gofiber/fiber/v3/internal/storage/memory.(*Storage).gc"),
 			goleak.IgnoreAnyFunction("github.com/gofiber/utils/v2.StartTimeStampUpdater.func1.1"),
+			goleak.IgnoreAnyFunction("github.com/gofiber/fiber/v3/internal/storage/memory.New.StartTimeStampUpdater.func1.1"),
 			goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
 			goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
 		); err != nil {
