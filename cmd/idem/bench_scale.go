@@ -48,11 +48,15 @@ func init() {
 			"purge-idempotency@N, purge-outbox@N, purge-inbox@N: the --purge-rows expired\n" +
 			"  rows deleted by Middleware.Purge, Relay.Purge and inbox.Purge (rows/s) while\n" +
 			"  the N retained rows stay.\n" +
+			"Every size is seeded first; then the sizes take turns (--rounds interleaved\n" +
+			"rounds of transactional and inbox, one relay batch each, each purge across the\n" +
+			"sizes back to back), so that a shared machine's drift hits all sizes alike.\n" +
 			"Every result's ratio is to the same curve at the first size (0 by default).\n" +
 			"--svg DIR writes one SVG per curve (ops/s against retained rows).",
 		Flags: func(fs *benchFlags) {
 			fs.String("sizes", "0,1000000,10000000", "retained rows per table, comma-separated, ascending; ratios are to the first")
-			fs.Int("seconds", 5, "measured seconds of transactional and inbox per size")
+			fs.Int("seconds", 6, "measured seconds of transactional and inbox per size, split over the rounds")
+			fs.Int("rounds", 3, "interleaved rounds: every round runs every size once")
 			fs.Int("clients", 32, "concurrent HTTP clients of transactional")
 			fs.Int("inbox-clients", 4, "concurrent goroutines of inbox")
 			fs.Int("events", 50_000, "PENDING events drained by relay per size")
@@ -91,7 +95,7 @@ func parseScaleSizes(s string) ([]int, error) {
 }
 
 type benchScaleOpts struct {
-	seconds, clients, inboxClients, events, batchSize, purgeRows int
+	seconds, rounds, clients, inboxClients, events, batchSize, purgeRows int
 }
 
 func runBenchScale(ctx context.Context, env *benchEnv) ([]benchResult, error) {
@@ -100,10 +104,10 @@ func runBenchScale(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		return nil, cli.Usagef("%v", err)
 	}
 	o := benchScaleOpts{
-		seconds: *env.Ints["seconds"], clients: *env.Ints["clients"], inboxClients: *env.Ints["inbox-clients"],
+		seconds: *env.Ints["seconds"], rounds: *env.Ints["rounds"], clients: *env.Ints["clients"], inboxClients: *env.Ints["inbox-clients"],
 		events: *env.Ints["events"], batchSize: *env.Ints["batch-size"], purgeRows: *env.Ints["purge-rows"],
 	}
-	for name, v := range map[string]int{"seconds": o.seconds, "clients": o.clients, "inbox-clients": o.inboxClients,
+	for name, v := range map[string]int{"seconds": o.seconds, "rounds": o.rounds, "clients": o.clients, "inbox-clients": o.inboxClients,
 		"events": o.events, "batch-size": o.batchSize, "purge-rows": o.purgeRows} {
 		if v < 1 {
 			return nil, cli.Usagef("--%s must be at least 1", name)
@@ -142,13 +146,73 @@ func runBenchScale(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		return nil, err
 	}
 
-	var results []benchResult
+	// Every size is seeded first, each in a schema of its own; then the
+	// sizes take turns, so that the drifting load of a shared machine falls
+	// on all of them alike and the ratios between sizes stay honest.
+	var subjects []*scaleSubject
+	defer func() {
+		for _, s := range subjects {
+			s.close(ctx)
+		}
+	}()
 	for _, n := range sizes {
-		rs, err := benchScaleSize(ctx, env, n, o, pub)
+		s, err := newScaleSubject(ctx, env, n, o, pub)
 		if err != nil {
 			return nil, fmt.Errorf("size %d: %w", n, err)
 		}
-		results = append(results, rs...)
+		subjects = append(subjects, s)
+	}
+	slice := time.Duration(o.seconds) * time.Second / time.Duration(o.rounds)
+	for round := range o.rounds {
+		warm := 200 * time.Millisecond
+		if round == 0 {
+			warm = time.Second
+		}
+		for _, s := range subjects {
+			if err := s.loadHTTP(ctx, o, warm, slice); err != nil {
+				return nil, fmt.Errorf("transactional@%d: %w", s.n, err)
+			}
+			if err := s.loadInbox(ctx, o, warm, slice); err != nil {
+				return nil, fmt.Errorf("inbox@%d: %w", s.n, err)
+			}
+		}
+	}
+	// The relays take turns too, one batch each.
+	for active := len(subjects); active > 0; {
+		for _, s := range subjects {
+			if s.relayDone {
+				continue
+			}
+			if err := s.relayBatch(ctx); err != nil {
+				return nil, fmt.Errorf("relay@%d: %w", s.n, err)
+			}
+			if s.relayDone {
+				active--
+			}
+		}
+	}
+	purges := make([][]benchResult, len(subjects))
+	for _, curve := range []string{"purge-idempotency", "purge-outbox", "purge-inbox"} {
+		for i, s := range subjects {
+			r, err := s.purge(ctx, curve, o)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", scaleName(curve, s.n), err)
+			}
+			purges[i] = append(purges[i], r)
+		}
+	}
+	var results []benchResult
+	for i, s := range subjects {
+		rs := []benchResult{s.httpS.result(scaleName("transactional", s.n))}
+		relay, err := s.relayResult(ctx, o)
+		if err != nil {
+			return nil, fmt.Errorf("relay@%d: %w", s.n, err)
+		}
+		rs = append(rs, relay, s.inboxS.result(scaleName("inbox", s.n)))
+		for _, r := range append(rs, purges[i]...) {
+			fmt.Fprintf(env.Log, "scale: %s: %.0f ops/s, p50 %.2f ms, p99 %.2f ms (%d ops)\n", r.Name, r.OpsPerSec, r.P50Ms, r.P99Ms, r.Ops)
+			results = append(results, r)
+		}
 	}
 	benchScaleRatios(env.Log, sizes, results)
 	if svgDir != "" {
@@ -223,14 +287,37 @@ func benchScaleRatios(log io.Writer, sizes []int, results []benchResult) {
 	}
 }
 
-// benchScaleSize measures every curve at one retained size, in a scratch
-// schema of its own that is dropped before the next size.
-func benchScaleSize(ctx context.Context, env *benchEnv, n int, o benchScaleOpts, pub outbox.Publisher) ([]benchResult, error) {
+// scaleSubject is one retained size: its scratch schema, seeded, with the
+// transactional middleware served on loopback over it and a relay, and
+// the figures gathered so far.
+type scaleSubject struct {
+	n     int
+	pool  *pgxpool.Pool
+	drop  func()
+	srv   *http.Server
+	conns *benchConns
+	run   string
+	seq   atomic.Int64
+	relay *outbox.Relay
+
+	httpS, inboxS benchSamples
+	relayLat      []float64
+	relayElapsed  time.Duration
+	relayTotal    int
+	relayDone     bool
+}
+
+func newScaleSubject(ctx context.Context, env *benchEnv, n int, o benchScaleOpts, pub outbox.Publisher) (_ *scaleSubject, err error) {
 	urls, drop, err := scratchSchemas(ctx, env.DatabaseURL, "bench_scale", 1, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer drop()
+	s := &scaleSubject{n: n, drop: drop, run: uniqueRun()}
+	defer func() {
+		if err != nil {
+			s.close(ctx)
+		}
+	}()
 	pcfg, err := pgxpool.ParseConfig(urls[0])
 	if err != nil {
 		return nil, cli.Usagef("database URL is malformed")
@@ -238,46 +325,163 @@ func benchScaleSize(ctx context.Context, env *benchEnv, n int, o benchScaleOpts,
 	// One connection per client: a transactional request holds its
 	// connection for the whole handler.
 	pcfg.MaxConns = int32(max(o.clients, o.inboxClients, 4))
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
+	if s.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		return nil, fmt.Errorf("pool: %w", err)
 	}
-	defer pool.Close()
-	if _, err := migrate.Up(ctx, pool); err != nil {
+	if _, err := migrate.Up(ctx, s.pool); err != nil {
 		return nil, fmt.Errorf("migrate scratch schema: %w", err)
 	}
 	t0 := time.Now()
-	if err := benchScaleSeed(ctx, pool, n, o.purgeRows, o.events); err != nil {
+	if err := benchScaleSeed(ctx, s.pool, n, o.purgeRows, o.events); err != nil {
 		return nil, fmt.Errorf("seed: %w", err)
 	}
 	fmt.Fprintf(env.Log, "scale: %d: seeded %d retained + %d expired rows per table in %s\n", n, n, o.purgeRows, time.Since(t0).Round(time.Millisecond))
-
-	var results []benchResult
-	add := func(r benchResult) {
-		fmt.Fprintf(env.Log, "scale: %s: %.0f ops/s, p50 %.2f ms, p99 %.2f ms (%d ops)\n", r.Name, r.OpsPerSec, r.P50Ms, r.P99Ms, r.Ops)
-		results = append(results, r)
+	if s.relay, err = outbox.NewRelay(s.pool, pub, &outbox.RelayConfig{Mode: outbox.AtLeastOnce, BatchSize: o.batchSize,
+		DisableNotify: true, Logger: slog.New(slog.DiscardHandler)}); err != nil {
+		return nil, err
 	}
-	r, err := benchScaleHTTP(ctx, pool, n, o)
-	if err != nil {
-		return nil, fmt.Errorf("transactional: %w", err)
-	}
-	add(r)
-	if r, err = benchScaleRelay(ctx, pool, n, o, pub); err != nil {
-		return nil, fmt.Errorf("relay: %w", err)
-	}
-	add(r)
-	if r, err = benchScaleInbox(ctx, pool, n, o); err != nil {
-		return nil, fmt.Errorf("inbox: %w", err)
-	}
-	add(r)
-	rs, err := benchScalePurges(ctx, pool, n, o)
+	scope := func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil }
+	mw, err := idempotency.New(idempotency.NewPostgresStore(s.pool), &idempotency.Config{Scope: scope, Mode: idempotency.ModeTransactional})
 	if err != nil {
 		return nil, err
 	}
-	for _, r := range rs {
-		add(r)
+	mux := http.NewServeMux()
+	mux.Handle("POST /transactional/rows", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		tx, ok := idempotency.TxFromContext(r.Context())
+		if !ok {
+			http.Error(w, "no request transaction", http.StatusInternalServerError)
+			return
+		}
+		var id int64
+		if err := tx.QueryRow(r.Context(), `INSERT INTO bench_scale_row (body) VALUES ($1) RETURNING id`, benchHTTPBody).Scan(&id); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/rows/"+strconv.FormatInt(id, 10))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d,"status":"NEW"}`, id)
+	})))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
 	}
-	return results, nil
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = s.srv.Serve(ln) }()
+	s.conns = newBenchConns(ln.Addr().String(), o.clients)
+	return s, nil
+}
+
+func (s *scaleSubject) close(ctx context.Context) {
+	if s.srv != nil {
+		_ = s.srv.Shutdown(context.WithoutCancel(ctx))
+	}
+	if s.conns != nil {
+		s.conns.close()
+	}
+	if s.pool != nil {
+		s.pool.Close()
+	}
+	s.drop()
+}
+
+// loadHTTP sends fresh keys to the transactional middleware for one slice.
+func (s *scaleSubject) loadHTTP(ctx context.Context, o benchScaleOpts, warm, slice time.Duration) error {
+	return benchLoad(ctx, o.clients, warm, slice, func(ctx context.Context) error {
+		return s.conns.post(ctx, "/transactional/rows", s.run+"-"+strconv.FormatInt(s.seq.Add(1), 10), http.StatusCreated)
+	}, &s.httpS)
+}
+
+// loadInbox marks new event ids processed for one slice, one transaction
+// per record (BEGIN, inbox.MarkProcessedTx, COMMIT).
+func (s *scaleSubject) loadInbox(ctx context.Context, o benchScaleOpts, warm, slice time.Duration) error {
+	return benchLoad(ctx, o.inboxClients, warm, slice, func(ctx context.Context) error {
+		id := benchScaleUUID()
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			first, err := inbox.MarkProcessedTx(ctx, tx, "billing-"+strconv.Itoa(int(id[0])%4), id)
+			if err == nil && !first {
+				err = fmt.Errorf("event %s: marked before", id)
+			}
+			return err
+		})
+	}, &s.inboxS)
+}
+
+// relayBatch runs one batch of the relay; an empty one ends the drain.
+func (s *scaleSubject) relayBatch(ctx context.Context) error {
+	t0 := time.Now()
+	k, err := s.relay.RunBatch(ctx)
+	d := time.Since(t0)
+	if err != nil {
+		return err
+	}
+	s.relayElapsed += d
+	if k == 0 {
+		s.relayDone = true
+		return nil
+	}
+	s.relayLat = append(s.relayLat, float64(d.Microseconds())/1000)
+	s.relayTotal += k
+	return nil
+}
+
+// relayResult checks that the drain published every pending event and
+// reports events over the time spent in batches.
+func (s *scaleSubject) relayResult(ctx context.Context, o benchScaleOpts) (benchResult, error) {
+	var published int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE event_id LIKE 'new-%' AND status = 'PUBLISHED'`).Scan(&published); err != nil {
+		return benchResult{}, err
+	}
+	if published != o.events || s.relayTotal < o.events {
+		return benchResult{}, fmt.Errorf("published %d (claimed %d) of %d events", published, s.relayTotal, o.events)
+	}
+	return latencyResult(scaleName("relay", s.n), s.relayLat, o.events, s.relayElapsed), nil
+}
+
+// benchScaleUUID is a random UUID in its text form, the shape of the
+// seeded event ids.
+func benchScaleUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// purge runs one table's purge over the seeded expired rows, with the n
+// retained rows in place, and checks that it deleted exactly the expired
+// ones.
+func (s *scaleSubject) purge(ctx context.Context, curve string, o benchScaleOpts) (benchResult, error) {
+	var run func(context.Context) (int64, error)
+	switch curve {
+	case "purge-idempotency":
+		mw, err := idempotency.New(idempotency.NewPostgresStore(s.pool), &idempotency.Config{Scope: func(*http.Request) (string, error) { return "", nil }})
+		if err != nil {
+			return benchResult{}, err
+		}
+		run = func(ctx context.Context) (int64, error) { k, err := mw.Purge(ctx); return int64(k), err }
+	case "purge-outbox":
+		relay, err := outbox.NewRelay(s.pool, benchNopPublisher{}, &outbox.RelayConfig{Retention: outbox.RetentionDefault,
+			DisableNotify: true, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			return benchResult{}, err
+		}
+		run = relay.Purge
+	default:
+		run = func(ctx context.Context) (int64, error) {
+			return inbox.Purge(ctx, s.pool, time.Now().Add(-inbox.RetentionDefault), inbox.PurgeBatchSizeDefault)
+		}
+	}
+	t0 := time.Now()
+	k, err := run(ctx)
+	d := time.Since(t0)
+	if err != nil {
+		return benchResult{}, err
+	}
+	if k != int64(o.purgeRows) {
+		return benchResult{}, fmt.Errorf("deleted %d rows, want the %d expired ones", k, o.purgeRows)
+	}
+	return latencyResult(scaleName(curve, s.n), []float64{float64(d.Microseconds()) / 1000}, int(k), d), nil
 }
 
 // benchScaleSeed fills the three tables the way a long-running service
@@ -350,157 +554,4 @@ func benchScaleSeed(ctx context.Context, pool *pgxpool.Pool, n, expired, pending
 		}
 	}
 	return nil
-}
-
-// benchScaleHTTP serves the transactional middleware over pool on
-// loopback and loads it with fresh keys for o.seconds (after a warm-up).
-func benchScaleHTTP(ctx context.Context, pool *pgxpool.Pool, n int, o benchScaleOpts) (benchResult, error) {
-	scope := func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil }
-	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), &idempotency.Config{Scope: scope, Mode: idempotency.ModeTransactional})
-	if err != nil {
-		return benchResult{}, err
-	}
-	mux := http.NewServeMux()
-	mux.Handle("POST /transactional/rows", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		tx, ok := idempotency.TxFromContext(r.Context())
-		if !ok {
-			http.Error(w, "no request transaction", http.StatusInternalServerError)
-			return
-		}
-		var id int64
-		if err := tx.QueryRow(r.Context(), `INSERT INTO bench_scale_row (body) VALUES ($1) RETURNING id`, benchHTTPBody).Scan(&id); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Location", "/rows/"+strconv.FormatInt(id, 10))
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"id":%d,"status":"NEW"}`, id)
-	})))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return benchResult{}, err
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	defer func() { _ = srv.Shutdown(context.WithoutCancel(ctx)) }()
-	conns := newBenchConns(ln.Addr().String(), o.clients)
-	defer conns.close()
-	run := uniqueRun()
-	var seq atomic.Int64
-	var s benchSamples
-	err = benchLoad(ctx, o.clients, time.Second, time.Duration(o.seconds)*time.Second, func(ctx context.Context) error {
-		return conns.post(ctx, "/transactional/rows", run+"-"+strconv.FormatInt(seq.Add(1), 10), http.StatusCreated)
-	}, &s)
-	if err != nil {
-		return benchResult{}, err
-	}
-	return s.result(scaleName("transactional", n)), nil
-}
-
-// benchScaleRelay drains the seeded pending events with an at-least-once
-// relay, batch after batch, and reports events over the time in batches.
-func benchScaleRelay(ctx context.Context, pool *pgxpool.Pool, n int, o benchScaleOpts, pub outbox.Publisher) (benchResult, error) {
-	r, err := outbox.NewRelay(pool, pub, &outbox.RelayConfig{Mode: outbox.AtLeastOnce, BatchSize: o.batchSize,
-		DisableNotify: true, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		return benchResult{}, err
-	}
-	var (
-		lat     []float64
-		elapsed time.Duration
-		total   int
-	)
-	for {
-		t0 := time.Now()
-		k, err := r.RunBatch(ctx)
-		d := time.Since(t0)
-		if err != nil {
-			return benchResult{}, err
-		}
-		elapsed += d
-		if k == 0 {
-			break
-		}
-		lat = append(lat, float64(d.Microseconds())/1000)
-		total += k
-	}
-	var published int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE event_id LIKE 'new-%' AND status = 'PUBLISHED'`).Scan(&published); err != nil {
-		return benchResult{}, err
-	}
-	if published != o.events || total < o.events {
-		return benchResult{}, fmt.Errorf("published %d (claimed %d) of %d events", published, total, o.events)
-	}
-	return latencyResult(scaleName("relay", n), lat, o.events, elapsed), nil
-}
-
-// benchScaleInbox marks new event ids processed, one transaction per
-// record (BEGIN, inbox.MarkProcessedTx, COMMIT), from o.inboxClients
-// goroutines.
-func benchScaleInbox(ctx context.Context, pool *pgxpool.Pool, n int, o benchScaleOpts) (benchResult, error) {
-	var s benchSamples
-	err := benchLoad(ctx, o.inboxClients, time.Second, time.Duration(o.seconds)*time.Second, func(ctx context.Context) error {
-		id := benchScaleUUID()
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			first, err := inbox.MarkProcessedTx(ctx, tx, "billing-"+strconv.Itoa(int(id[0])%4), id)
-			if err == nil && !first {
-				err = fmt.Errorf("event %s: marked before", id)
-			}
-			return err
-		})
-	}, &s)
-	if err != nil {
-		return benchResult{}, err
-	}
-	return s.result(scaleName("inbox", n)), nil
-}
-
-// benchScaleUUID is a random UUID in its text form, the shape of the
-// seeded event ids.
-func benchScaleUUID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	h := hex.EncodeToString(b[:])
-	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
-}
-
-// benchScalePurges runs each table's purge over the seeded expired rows,
-// with the n retained rows in place, and checks that it deleted exactly
-// the expired ones.
-func benchScalePurges(ctx context.Context, pool *pgxpool.Pool, n int, o benchScaleOpts) ([]benchResult, error) {
-	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), &idempotency.Config{Scope: func(*http.Request) (string, error) { return "", nil }})
-	if err != nil {
-		return nil, err
-	}
-	relay, err := outbox.NewRelay(pool, benchNopPublisher{}, &outbox.RelayConfig{Retention: outbox.RetentionDefault,
-		DisableNotify: true, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		return nil, err
-	}
-	purges := []struct {
-		curve string
-		run   func(context.Context) (int64, error)
-	}{
-		{"purge-idempotency", func(ctx context.Context) (int64, error) { k, err := mw.Purge(ctx); return int64(k), err }},
-		{"purge-outbox", relay.Purge},
-		{"purge-inbox", func(ctx context.Context) (int64, error) {
-			return inbox.Purge(ctx, pool, time.Now().Add(-inbox.RetentionDefault), inbox.PurgeBatchSizeDefault)
-		}},
-	}
-	var results []benchResult
-	for _, p := range purges {
-		t0 := time.Now()
-		k, err := p.run(ctx)
-		d := time.Since(t0)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", p.curve, err)
-		}
-		if k != int64(o.purgeRows) {
-			return nil, fmt.Errorf("%s: deleted %d rows, want the %d expired ones", p.curve, k, o.purgeRows)
-		}
-		results = append(results, latencyResult(scaleName(p.curve, n), []float64{float64(d.Microseconds()) / 1000}, int(k), d))
-	}
-	return results, nil
 }
