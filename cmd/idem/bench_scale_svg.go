@@ -115,14 +115,12 @@ func svgNiceCeil(v float64) float64 {
 	return 10 * p
 }
 
-// svgHuman writes 0, 950, 2k, 1.5M, 10M.
+// svgHuman writes 0, 950, 2k, 12.5k, 1.5M, 10M.
 func svgHuman(v float64) string {
 	trim := func(f float64, suffix string) string { return strconv.FormatFloat(f, 'f', -1, 64) + suffix }
 	switch {
 	case v >= 1e6:
 		return trim(math.Round(v/1e5)/10, "M")
-	case v >= 1e4:
-		return trim(math.Round(v/1e3), "k")
 	case v >= 1e3:
 		return trim(math.Round(v/1e2)/10, "k")
 	default:
