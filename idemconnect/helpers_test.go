@@ -39,13 +39,17 @@ func principal(_ context.Context, req connect.AnyRequest) (string, error) {
 // service is the test service. Each execution inserts one row of effect
 // (through the request's transaction in ModeTransactional) and answers
 // {"id": row id}; a request with "fail_code" n then returns Connect code
-// n instead, and "panic" true panics after the write.
+// n instead, and "panic" true panics after the write. A request with an
+// X-Test-Fault header (or while failNext is positive) gets Unavailable
+// before the write.
 type service struct {
 	pool  *pgxpool.Pool
 	calls atomic.Int64
 	keys  sync.Map // Idempotency-Key seen → executions
 	mu    sync.Mutex
 	gate  chan struct{} // nil: open
+	// failNext answers that many executions Unavailable before the write.
+	failNext atomic.Int64
 }
 
 // hold makes executions wait (after they start) until release.
@@ -78,6 +82,9 @@ func (s *service) handle(ctx context.Context, req *connect.Request[structpb.Stru
 		case <-ctx.Done():
 			return nil, connect.NewError(connect.CodeCanceled, ctx.Err())
 		}
+	}
+	if s.failNext.Add(-1) >= 0 || req.Header().Get("X-Test-Fault") != "" {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("test fault"))
 	}
 	const insert = "INSERT INTO effect DEFAULT VALUES RETURNING id"
 	var id int64

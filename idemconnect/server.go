@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -97,10 +98,13 @@ type Config struct {
 	// Retention, Wait, Hook, CompletionTimeout, KeepOnClientGone, the
 	// replay cache and the purge. Its Route, when set, replaces the
 	// procedure in the scope (it sees a request whose URL path is the
-	// procedure). Scope, Methods, StoreStatus, ReplayHeaders,
-	// FingerprintHeaders, FingerprintFields, MaxRequestBody and
-	// MaxResponseBody are the interceptor's own and are ignored: requests
-	// and responses are stored whole (Connect's read limit bounds them).
+	// procedure). Its ReplayHeaders are the response headers (of a
+	// response, or the metadata of an error) stored and replayed; the
+	// protocol's own (Content-Type) are not the handler's and are never
+	// stored. Scope, Methods, StoreStatus, FingerprintHeaders,
+	// FingerprintFields, MaxRequestBody and MaxResponseBody are the
+	// interceptor's own and are ignored: requests and responses are
+	// stored whole (Connect's read limit bounds them).
 	Idempotency idempotency.Config
 }
 
@@ -138,8 +142,9 @@ const (
 // HardStop. It implements connect.Interceptor; streaming calls pass
 // through unguarded.
 type Interceptor struct {
-	mw  *idempotency.Middleware
-	cfg Config
+	mw     *idempotency.Middleware
+	cfg    Config
+	replay []string // canonical names of the handler's headers replayed
 }
 
 var _ connect.Interceptor = (*Interceptor)(nil)
@@ -181,14 +186,24 @@ func New(store idempotency.Store, cfg *Config) (*Interceptor, error) {
 	}
 	ic.Methods = []string{http.MethodPost}
 	ic.StoreStatus = func(s int) bool { return s == statusMessage || s == statusStored }
-	ic.ReplayHeaders = []string{"Content-Type"}
+	replay := ic.ReplayHeaders
+	if replay == nil {
+		replay = idempotency.ReplayHeadersDefault
+	}
+	var own []string
+	for _, h := range replay {
+		if h = http.CanonicalHeaderKey(h); h != "Content-Type" && !slices.Contains(own, h) {
+			own = append(own, h)
+		}
+	}
+	ic.ReplayHeaders = append([]string{"Content-Type"}, own...)
 	ic.FingerprintHeaders, ic.FingerprintFields = nil, nil
 	ic.MaxRequestBody, ic.MaxResponseBody = math.MaxInt32, math.MaxInt32
 	mw, err := idempotency.New(store, &ic)
 	if err != nil {
 		return nil, fmt.Errorf("idemconnect: %w", err)
 	}
-	return &Interceptor{mw: mw, cfg: c}, nil
+	return &Interceptor{mw: mw, cfg: c, replay: own}, nil
 }
 
 // Start starts the engine's retention purge (idempotency.Middleware.Start).
@@ -282,6 +297,7 @@ func (i *Interceptor) unary(ctx context.Context, req connect.AnyRequest, next co
 		if outStatus != statusMessage {
 			ct = contentStatus
 		}
+		i.copyHeaders(w.Header(), handlerHeader(hres, herr))
 		w.Header().Set("Content-Type", ct)
 		w.WriteHeader(outStatus)
 		_, _ = w.Write(outcome)
@@ -291,7 +307,9 @@ func (i *Interceptor) unary(ctx context.Context, req connect.AnyRequest, next co
 
 	switch {
 	case cw.header.Get(idem.HeaderReplayed) == "true":
-		return decode(cw.status, cw.body.Bytes())
+		res, err := decode(cw.status, cw.body.Bytes())
+		i.copyHeaders(handlerHeader(res, err), cw.header)
+		return res, err
 	case strings.HasPrefix(cw.header.Get("Content-Type"), idem.ProblemContentType):
 		return nil, problemError(cw)
 	case ran && cw.status == outStatus:
@@ -299,6 +317,31 @@ func (i *Interceptor) unary(ctx context.Context, req connect.AnyRequest, next co
 		return hres, herr
 	}
 	return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("idemconnect: unexpected answer %d from the engine", cw.status))
+}
+
+// handlerHeader returns the headers of a response, or the metadata of an
+// error (nil for another error).
+func handlerHeader(res connect.AnyResponse, err error) http.Header {
+	var ce *connect.Error
+	switch {
+	case err != nil && errors.As(err, &ce):
+		return ce.Meta()
+	case err == nil && res != nil:
+		return res.Header()
+	}
+	return nil
+}
+
+// copyHeaders copies the replayed headers from src to dst.
+func (i *Interceptor) copyHeaders(dst, src http.Header) {
+	if dst == nil {
+		return
+	}
+	for _, h := range i.replay {
+		if v := src.Values(h); len(v) > 0 {
+			dst[h] = append([]string(nil), v...)
+		}
+	}
 }
 
 // encode turns a handler's result into the synthetic response the engine

@@ -19,7 +19,8 @@ import (
 // TestReplay: the same key and request again get the first response
 // (same row id), marked Idempotent-Replayed, without a second execution,
 // over the JSON and the binary codec, in both modes; a replay crosses
-// codecs (the stored message is re-encoded in the retry's codec).
+// codecs (the stored message is re-encoded in the retry's codec), and the
+// handler's Content-Language header (in ReplayHeaders) comes back.
 func TestReplay(t *testing.T) {
 	t.Parallel()
 	for _, mode := range modes {
@@ -35,7 +36,7 @@ func TestReplay(t *testing.T) {
 				t.Fatalf("first: %s", first)
 			}
 			for _, a := range []answer{second, third} {
-				if a.err != nil || !a.replayed || a.id() != first.id() || a.resp.GetFields()["procedure"].GetStringValue() != procCharge {
+				if a.err != nil || !a.replayed || a.id() != first.id() || a.resp.GetFields()["procedure"].GetStringValue() != procCharge || a.header.Get("Content-Language") != "en" {
 					t.Errorf("retry: %s, want the replay of id %v", a, first.id())
 				}
 			}
