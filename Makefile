@@ -10,7 +10,7 @@ PKGS := ./...
 # only, so ALL_PKGS names every module's tree, and one go invocation
 # schedules all their packages together. tools/ is the tool module (sqlc,
 # staticcheck), built once into .bin/ outside the workspace.
-MODULES := . examples/billing examples/orm examples/quickstart cmd kafkago natsjs otel prom redisstore idemgin idemecho idemgrpc idemfiber
+MODULES := . examples/billing examples/orm examples/quickstart cmd kafkago natsjs otel prom redisstore idemgin idemecho idemgrpc idemfiber idemconnect
 ALL_PKGS := ./... $(foreach m,$(filter-out .,$(MODULES)),./$(m)/...)
 BIN := $(CURDIR)/.bin
 
