@@ -48,6 +48,12 @@ crashed, the network cut and produce requests partly failed:
                          checks the topics against the events decoded from
                          an audit slot of the harness, in commit order
 
+  --data-layer LAYER     billing's BILLING_DATA_LAYER: pgx (default) or sql
+                         (its repositories, outbox, inbox and idempotency
+                         calls through database/sql on pgx's stdlib driver;
+                         the relay, purges and status poller stay on pgx):
+                         the same audit proves the database/sql seams
+
   --decline-rate P       paysim declines that share of charge keys for good
                          (402, recorded): the only FAILED the audit accepts
   --failpoints           one instance at a time runs with IDEM_FAILPOINTS
@@ -139,6 +145,7 @@ func addHarnessFlags(fs *flag.FlagSet, def chaos.Config) *harnessFlags {
 	fs.IntVar(&h.cfg.PGRestarts, "pg-restarts", def.PGRestarts, "crash and restart billing's own PostgreSQL cluster this many times")
 	fs.IntVar(&h.cfg.NetCuts, "net-cuts", def.NetCuts, "reset every connection from billing to PostgreSQL and Kafka this many times (needs the embedded broker)")
 	fs.StringVar(&h.cfg.OutboxMode, "outbox-mode", chaos.OutboxTable, "billing's OUTBOX_MODE: table or wal")
+	fs.StringVar(&h.cfg.DataLayer, "data-layer", chaos.DataLayerPGX, "billing's BILLING_DATA_LAYER: pgx or sql (database/sql on pgx's stdlib driver)")
 	fs.BoolVar(&h.cfg.Failpoints, "failpoints", def.Failpoints, "arm the crash windows of internal/failpoint (kill) in one instance until each is hit")
 	fs.IntVar(&h.cfg.FailpointHits, "failpoint-hits", or(def.FailpointHits, chaos.FailpointHitsDefault), "with --failpoints: hits per window before it is disarmed")
 	fs.Func("failpoint-windows", "with --failpoints: comma-separated windows to arm (default: every one)", func(v string) error {
@@ -231,6 +238,9 @@ func runOne(ctx context.Context, h *harnessFlags, pgtempFallback bool) (*chaos.R
 	}
 	if cfg.OutboxMode != chaos.OutboxTable && cfg.OutboxMode != chaos.OutboxWAL {
 		return nil, cli.Usagef("--outbox-mode %q: want table or wal", cfg.OutboxMode)
+	}
+	if cfg.DataLayer != chaos.DataLayerPGX && cfg.DataLayer != chaos.DataLayerSQL {
+		return nil, cli.Usagef("--data-layer %q: want pgx or sql", cfg.DataLayer)
 	}
 	if cfg.DropRate < 0 || cfg.DropRate >= 1 || cfg.FailRate < 0 || cfg.FailRate >= 1 || cfg.DeclineRate < 0 || cfg.DeclineRate >= 1 {
 		return nil, cli.Usagef("--drop-rate, --fail-rate and --decline-rate must be in [0, 1)")

@@ -92,6 +92,13 @@ Environment:
                             OUTBOX_MODE=wal, created if missing; one relay
                             instance reads it, the others stand by
                             (default billing_outbox)
+  BILLING_DATA_LAYER        pgx (default) or sql: the transactions of the
+                            repositories, outbox events, inbox marks,
+                            consumers and idempotency records are pgx.Tx on
+                            the pool, or *sql.Tx of database/sql on pgx's
+                            stdlib driver (a second pool, opened from
+                            DATABASE_URL); the relay, purges and status
+                            poller stay on pgx either way
   IDEMPOTENCY_STORE         where the HTTP API keeps its idempotency records:
                             postgres (default: DATABASE_URL, transactional mode),
                             redis (REDIS_URL, default redis://127.0.0.1:6379/0)
@@ -170,6 +177,10 @@ func serve(ctx context.Context, args []string) (err error) {
 	if err != nil {
 		return cli.Usagef("%v", err)
 	}
+	dataLayer, err := app.ParseDataLayer(os.Getenv("BILLING_DATA_LAYER"))
+	if err != nil {
+		return cli.Usagef("%v", err)
+	}
 	tokens, err := httpapi.ParseTokens(cli.Env("BILLING_API_TOKENS", httpapi.DefaultTokens))
 	if err != nil {
 		return cli.Usagef("%v", err)
@@ -236,6 +247,7 @@ func serve(ctx context.Context, args []string) (err error) {
 		OutboxLeaseTTL:    leaseTTL,
 		OutboxMode:        outboxMode,
 		OutboxSlot:        outboxSlot,
+		DataLayer:         dataLayer,
 		Unsafe:            unsafe,
 		Logger:            log,
 		OnListening: func(a net.Addr) {

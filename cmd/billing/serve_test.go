@@ -163,6 +163,7 @@ func TestServeUsage(t *testing.T) {
 		{"bad rebalance timeout", []string{"KAFKA_REBALANCE_TIMEOUT=-1s"}, []string{"serve"}, "KAFKA_REBALANCE_TIMEOUT"},
 		{"bad outbox lease", []string{"OUTBOX_LEASE_TTL=soon"}, []string{"serve"}, "OUTBOX_LEASE_TTL"},
 		{"unknown unsafe layer", []string{"BILLING_UNSAFE=key"}, []string{"serve"}, "BILLING_UNSAFE"},
+		{"unknown data layer", []string{"BILLING_DATA_LAYER=gorm"}, []string{"serve"}, "BILLING_DATA_LAYER"},
 		{"unknown traces exporter", []string{"KAFKA_BROKERS=127.0.0.1:1", "PAYMENT_URL=http://127.0.0.1:1", "OTEL_TRACES_EXPORTER=zipkin"}, []string{"serve"}, "OTEL_TRACES_EXPORTER"},
 		{"unknown metrics exporter", []string{"KAFKA_BROKERS=127.0.0.1:1", "PAYMENT_URL=http://127.0.0.1:1", "OTEL_METRICS_EXPORTER=statsd"}, []string{"serve"}, "OTEL_METRICS_EXPORTER"},
 		{"heartbeat not below session", []string{"KAFKA_SESSION_TIMEOUT=6s", "KAFKA_HEARTBEAT_INTERVAL=6s"}, []string{"serve"}, "KAFKA_HEARTBEAT_INTERVAL"},
@@ -174,7 +175,7 @@ func TestServeUsage(t *testing.T) {
 		}
 	}
 	stdout, _, code := runBilling(t, nil, "serve", "--help")
-	for _, want := range []string{"SHUTDOWN_TIMEOUT", "KAFKA_SESSION_TIMEOUT", "KAFKA_HEARTBEAT_INTERVAL", "KAFKA_REBALANCE_TIMEOUT", "OUTBOX_LEASE_TTL", "BILLING_UNSAFE", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER"} {
+	for _, want := range []string{"SHUTDOWN_TIMEOUT", "KAFKA_SESSION_TIMEOUT", "KAFKA_HEARTBEAT_INTERVAL", "KAFKA_REBALANCE_TIMEOUT", "OUTBOX_LEASE_TTL", "BILLING_UNSAFE", "BILLING_DATA_LAYER", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER"} {
 		if code != 0 || !strings.Contains(stdout, want) {
 			t.Errorf("--help: exit %d, no %s in %q", code, want, stdout)
 		}

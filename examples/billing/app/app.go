@@ -5,6 +5,7 @@ package app
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for DataLayerSQL
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -138,6 +140,34 @@ const (
 	OutboxSlotDefault = "billing_outbox"
 )
 
+// The values of Config.DataLayer (BILLING_DATA_LAYER).
+const (
+	// DataLayerPGX: billing's repositories, outbox, inbox and
+	// idempotency calls run on pgx, in pgx.Tx of Config.Pool. The default.
+	DataLayerPGX = postgres.LayerPGX
+	// DataLayerSQL: they run on database/sql, in *sql.Tx of a *sql.DB
+	// opened with pgx's stdlib driver (sql.Open("pgx", url)) from Pool's
+	// URL, through idem's database/sql entry points (EnqueueSQLTx,
+	// MarkProcessedSQLTx, consume.NewSQL, NewSQLStore and
+	// SQLTxFromContext). The relay, the purges, the status poller and the
+	// gauges keep Pool (docs/databasesql.md).
+	DataLayerSQL = postgres.LayerSQL
+)
+
+// ErrBadDataLayer is a BILLING_DATA_LAYER value other than pgx or sql.
+var ErrBadDataLayer = errors.New("billing: BILLING_DATA_LAYER must be pgx or sql")
+
+// ParseDataLayer checks a BILLING_DATA_LAYER value ("" means DataLayerPGX).
+func ParseDataLayer(s string) (string, error) {
+	switch s {
+	case "":
+		return DataLayerPGX, nil
+	case DataLayerPGX, DataLayerSQL:
+		return s, nil
+	}
+	return "", fmt.Errorf("%w, got %q", ErrBadDataLayer, s)
+}
+
 // The values of Config.OutboxMode (OUTBOX_MODE).
 const (
 	OutboxTable = "table"
@@ -234,6 +264,10 @@ type Config struct {
 	// 10s, less with a short ShutdownTimeout). Defaults to
 	// OutboxLeaseTTLDefault (60s).
 	OutboxLeaseTTL time.Duration
+	// DataLayer is DataLayerPGX or DataLayerSQL (BILLING_DATA_LAYER): the
+	// transactions billing's own writes, outbox events, inbox marks and
+	// idempotency records commit in. Defaults to DataLayerPGX.
+	DataLayer string
 	// OutboxMode is OutboxTable (the outbox table and its two-phase
 	// relay) or OutboxWAL (package outbox/wal: events in the WAL, relayed
 	// from the logical replication slot OutboxSlot; needs
@@ -333,6 +367,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if _, err := ParseUnsafe(cfg.Unsafe); err != nil {
 		return err
 	}
+	layer, err := ParseDataLayer(cfg.DataLayer)
+	if err != nil {
+		return err
+	}
 	outboxSlot := cfg.OutboxSlot
 	if outboxSlot == "" {
 		outboxSlot = OutboxSlotDefault
@@ -398,6 +436,24 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 	}()
 	closers = append(closers, pool.Close)
+	// data is where the handlers' transactions run; idem's loops keep pool.
+	data := postgres.PGX(pool)
+	var sdb *sql.DB
+	if layer == DataLayerSQL {
+		sdb, err = sql.Open("pgx", pool.Config().ConnString())
+		if err != nil {
+			return fmt.Errorf("billing: BILLING_DATA_LAYER=sql: %w", err)
+		}
+		// As many connections as the pool: the handlers' share.
+		sdb.SetMaxOpenConns(int(pool.Config().MaxConns))
+		sdb.SetMaxIdleConns(int(pool.Config().MaxConns))
+		closers = append(closers, func() { _ = sdb.Close() })
+		data = postgres.SQL(sdb)
+	}
+	// franz-go's consumers are package kafka's on pgx, and consume's on
+	// kafka.NewDriver on database/sql (consume.NewSQL); every other driver
+	// is consume's on either layer.
+	onDriver := !bk.franz() || layer == DataLayerSQL
 
 	// A signal (ctx's end) before the group runs is a stop asked for, not a
 	// failure: each migration version is one transaction with its version
@@ -487,7 +543,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 
 		h, mw, err := httpapi.NewHandler(httpapi.Config{
-			DB: pool, Store: cfg.IdempotencyStore, Tokens: cfg.Tokens, Ready: g.ReadyHandler(), Metrics: metrics, MetricsHandler: apiMetrics, Logger: log, Hook: tele.request(),
+			DB: pool, SQLDB: sdb, Store: cfg.IdempotencyStore, Tokens: cfg.Tokens, Ready: g.ReadyHandler(), Metrics: metrics, MetricsHandler: apiMetrics, Logger: log, Hook: tele.request(),
 			UnsafeNoFingerprint: cfg.Unsafe == UnsafeFingerprint, UnsafeNoLease: cfg.Unsafe == UnsafeLease,
 			WALOutboxPrefix: walPrefixOf(cfg.OutboxMode, outboxSlot),
 		})
@@ -522,12 +578,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			cfg.OnListening(ln.Addr())
 		}
 	}
-	if roles.Consumer && !bk.franz() {
+	if roles.Consumer && onDriver {
 		hook := tele.consumer(consumer.OnDuplicate(metrics.InboxDuplicate(consumer.OrderGroup)))
 		if cfg.Unsafe == UnsafeInbox {
 			hook = tele.consumer(nil)
 		}
-		c, err := bk.orderConsumer(pool, hook)
+		c, err := bk.orderConsumer(data, hook)
 		if err != nil {
 			return err
 		}
@@ -607,7 +663,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			OnDuplicate: metrics.InboxDuplicate(consumer.ChargeGroupDefault), OnProviderReplay: metrics.ProviderReplay,
 			ClientOpts: groupOpts, UnsafeNoInbox: cfg.Unsafe == UnsafeInbox, Hook: tele.consumer(nil),
 		}
-		w, err := bk.chargeWorker(pool, gw, wcfg)
+		w, err := bk.chargeWorker(pool, data, gw, wcfg)
 		if err != nil {
 			return err
 		}
@@ -615,13 +671,17 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		kafkaStage = append(kafkaStage, lifecycle.Closer(gw.Close))
 	}
 
+	poolStage := []lifecycle.Component{lifecycle.Closer(pool.Close)}
+	if sdb != nil {
+		poolStage = append(poolStage, lifecycle.Closer(func() { _ = sdb.Close() }))
+	}
 	stages := []lifecycle.Stage{
 		{Name: "http", Budget: share(34), Components: httpStage},
 		{Name: "consumer", Budget: share(16), Components: consumerStage},
 		{Name: "relay", Budget: share(20), Components: relayStage},
 		{Name: "charger", Budget: share(18), Components: chargerStage},
 		{Name: "kafka-clients", Budget: share(4), Components: kafkaStage},
-		{Name: "pool", Budget: share(4), Components: []lifecycle.Component{lifecycle.Closer(pool.Close)}},
+		{Name: "pool", Budget: share(4), Components: poolStage},
 	}
 	for _, st := range stages {
 		if err := g.Add(st); err != nil {
@@ -629,7 +689,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 	}
 	closers = nil // the group owns everything now
-	log.Info("billing starting", "roles", roles.String(), "shutdown_timeout", timeout, "unsafe", cfg.Unsafe,
+	log.Info("billing starting", "roles", roles.String(), "shutdown_timeout", timeout, "unsafe", cfg.Unsafe, "data_layer", layer,
 		"broker", bk.kind, "kafka_client", bk.client, "kafka_session_timeout", session, "kafka_heartbeat_interval", heartbeat, "kafka_rebalance_timeout", rebalance)
 	return g.Run(ctx)
 }

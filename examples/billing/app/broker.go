@@ -10,11 +10,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem/consume"
+	"github.com/idemkit/idem/examples/billing/adapters/out/postgres"
 	"github.com/idemkit/idem/examples/billing/consumer"
 	"github.com/idemkit/idem/examples/billing/usecase"
 	"github.com/idemkit/idem/internal/cli"
+	"github.com/idemkit/idem/kafka"
 	idemkafkago "github.com/idemkit/idem/kafkago"
 	"github.com/idemkit/idem/lifecycle"
 	"github.com/idemkit/idem/natsjs"
@@ -74,7 +77,9 @@ func ParseKafkaClient(s string) (string, error) {
 }
 
 // broker is the client side of the broker Config selects, for everything
-// but franz-go on Kafka, which Run wires itself.
+// but franz-go on Kafka with the pgx data layer, which Run wires itself
+// (package kafka's Consumer); on the database/sql layer franz-go's
+// consumers are consume.Consumers on kafka.NewDriver too.
 type broker struct {
 	cfg        *Config
 	kind       string // BrokerKafka or BrokerNATS
@@ -150,8 +155,19 @@ func (b *broker) publisher() (outbox.Publisher, lifecycle.Component, error) {
 	return p, lifecycle.Closer(nc.Close), nil
 }
 
-// driver returns the consume.Driver of group on topic.
-func (b *broker) driver(group, topic string) (consume.Driver, error) {
+// driver returns the consume.Driver of group on topic; maxPoll bounds
+// franz-go's poll (0: its default).
+func (b *broker) driver(group, topic string, maxPoll int) (consume.Driver, error) {
+	if b.franz() {
+		cfg := &kafka.ConsumerConfig{
+			Brokers: b.cfg.Brokers, Group: group, Topics: []string{topic}, Logger: b.log, MaxPollRecords: maxPoll,
+			ClientOpts: []kgo.Opt{kgo.SessionTimeout(b.session), kgo.HeartbeatInterval(b.heartbeat), kgo.RebalanceTimeout(b.rebalance)},
+		}
+		if b.unsafeInbx {
+			cfg.EventID = consumer.DeliveryEventID
+		}
+		return kafka.NewDriver(cfg)
+	}
 	if b.kind == BrokerKafka {
 		cfg := &idemkafkago.ConsumerConfig{
 			Brokers: b.cfg.Brokers, Group: group, Topics: []string{topic}, Logger: b.log,
@@ -197,27 +213,27 @@ func newBroker(cfg *Config, log *slog.Logger, session, heartbeat, rebalance time
 	}, nil
 }
 
-// orderConsumer is the orders.events consumer on the broker's driver;
-// hook is its consume.Config.Hook.
-func (b *broker) orderConsumer(db consume.DB, hook func(context.Context, consume.Event) context.Context) (*consume.Consumer, error) {
-	drv, err := b.driver(consumer.OrderGroup, usecase.TopicOrderEvents)
+// orderConsumer is the orders.events consumer on the broker's driver, in
+// db's transactions; hook is its consume.Config.Hook.
+func (b *broker) orderConsumer(db postgres.DB, hook func(context.Context, consume.Event) context.Context) (*consume.Consumer, error) {
+	drv, err := b.driver(consumer.OrderGroup, usecase.TopicOrderEvents, 0)
 	if err != nil {
 		return nil, err
 	}
 	return consumer.NewOrderConsumerOn(db, drv, b.log, hook)
 }
 
-// chargeWorker is the charge worker: package kafka's on franz-go, else on
-// the broker's driver.
-func (b *broker) chargeWorker(db consume.DB, gw usecase.PaymentGateway, cfg *consumer.ChargeWorkerConfig) (lifecycle.Component, error) {
-	if b.franz() {
-		return consumer.NewChargeWorker(db, gw, cfg)
+// chargeWorker is the charge worker: package kafka's on franz-go with the
+// pgx layer (on pool), else on the broker's driver in db's transactions.
+func (b *broker) chargeWorker(pool consume.DB, db postgres.DB, gw usecase.PaymentGateway, cfg *consumer.ChargeWorkerConfig) (lifecycle.Component, error) {
+	if b.franz() && db.Layer() == postgres.LayerPGX {
+		return consumer.NewChargeWorker(pool, gw, cfg)
 	}
 	group := cfg.Group
 	if group == "" {
 		group = consumer.ChargeGroupDefault
 	}
-	drv, err := b.driver(group, usecase.TopicBillingCommands)
+	drv, err := b.driver(group, usecase.TopicBillingCommands, consumer.ChargeMaxPollDefault)
 	if err != nil {
 		return nil, err
 	}

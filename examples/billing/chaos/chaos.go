@@ -289,6 +289,7 @@ func (r *run) execute(ctx context.Context) error {
 			// The rows of a relay SIGKILLed mid-batch come back after this,
 			// not after the minute a production lease waits.
 			"OUTBOX_LEASE_TTL=" + outboxLeaseTTL(c.ShutdownTimeout).String(),
+			"BILLING_DATA_LAYER=" + c.DataLayer,
 		}
 		if c.Unsafe != "" && c.Unsafe != UnsafeKey {
 			env = append(env, "BILLING_UNSAFE="+c.Unsafe)

@@ -45,6 +45,12 @@ const (
 	OutboxWAL   = "wal"
 )
 
+// The values of Config.DataLayer.
+const (
+	DataLayerPGX = "pgx"
+	DataLayerSQL = "sql"
+)
+
 const unsafeLayers = "key, inbox, fingerprint, lease or publish"
 
 // Defaults of Config.
@@ -144,6 +150,12 @@ type Config struct {
 	// slots and the publication are dropped at the end. Defaults to
 	// "table".
 	OutboxMode string
+	// DataLayer is billing's BILLING_DATA_LAYER, given to every instance:
+	// "pgx" (its repositories, outbox, inbox and idempotency calls on
+	// pgx) or "sql" (the same through database/sql on pgx's stdlib
+	// driver: EnqueueSQLTx, MarkProcessedSQLTx, consume.NewSQL,
+	// NewSQLStore). Defaults to "pgx".
+	DataLayer string
 	// Failpoints arms the crash windows of internal/failpoint (kill
 	// actions) in one billing instance at a time, until each window has
 	// been hit FailpointHits times; see failpoints.go. Defaults to false.
@@ -233,6 +245,9 @@ func (c *Config) withDefaults() Config {
 	if out.OutboxMode == "" {
 		out.OutboxMode = OutboxTable
 	}
+	if out.DataLayer == "" {
+		out.DataLayer = DataLayerPGX
+	}
 	if out.DuplicateRate == 0 {
 		out.DuplicateRate = DuplicateRateDefault
 	}
@@ -283,6 +298,8 @@ func (c *Config) validate() error {
 		return bad("Instances %d out of range 1..32", c.Instances)
 	case c.OutboxMode != OutboxTable && c.OutboxMode != OutboxWAL:
 		return bad("OutboxMode %q: want %s or %s", c.OutboxMode, OutboxTable, OutboxWAL)
+	case c.DataLayer != DataLayerPGX && c.DataLayer != DataLayerSQL:
+		return bad("DataLayer %q: want %s or %s", c.DataLayer, DataLayerPGX, DataLayerSQL)
 	case c.Kills < 0, c.Terms < 0, c.BrokerRestarts < 0, c.PGRestarts < 0, c.NetCuts < 0:
 		return bad("Kills, Terms, BrokerRestarts, PGRestarts and NetCuts must not be negative")
 	case (c.Kills > 0 || c.Terms > 0) && c.Instances < 2:

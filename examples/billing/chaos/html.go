@@ -14,6 +14,7 @@ type RunConfig struct {
 	Seed            int64    `json:"seed"`
 	Broker          string   `json:"broker"`
 	OutboxMode      string   `json:"outbox_mode"`
+	DataLayer       string   `json:"data_layer"`
 	Orders          int      `json:"orders"`
 	Payments        int      `json:"payments"`
 	Instances       int      `json:"instances"`
@@ -41,7 +42,7 @@ type RunConfig struct {
 
 func runConfig(c *Config) RunConfig {
 	rc := RunConfig{
-		Seed: c.Seed, Broker: c.brokerName(), OutboxMode: c.OutboxMode, Orders: c.Orders, Payments: c.Payments,
+		Seed: c.Seed, Broker: c.brokerName(), OutboxMode: c.OutboxMode, DataLayer: c.DataLayer, Orders: c.Orders, Payments: c.Payments,
 		Instances: c.Instances, Concurrency: c.Concurrency, Kills: c.Kills, Terms: c.Terms,
 		BrokerRestarts: c.BrokerRestarts, PGRestarts: c.PGRestarts, NetCuts: c.NetCuts,
 		DropRate: c.DropRate, FailRate: c.FailRate, DeclineRate: c.DeclineRate, ProduceFailRate: c.ProduceFailRate,
@@ -62,10 +63,10 @@ func runConfig(c *Config) RunConfig {
 	if broker == "" {
 		broker = BrokerKafka
 	}
-	cmd := fmt.Sprintf("billing chaos --seed %d --broker %s --outbox-mode %s --orders %d --payments %d --instances %d --concurrency %d"+
+	cmd := fmt.Sprintf("billing chaos --seed %d --broker %s --outbox-mode %s --data-layer %s --orders %d --payments %d --instances %d --concurrency %d"+
 		" --kills %d --terms %d --broker-restarts %d --pg-restarts %d --net-cuts %d"+
 		" --drop-rate %g --fail-rate %g --decline-rate %g --produce-fail-rate %g --duration %v --quiescence %v",
-		c.Seed, broker, c.OutboxMode, c.Orders, c.Payments, c.Instances, c.Concurrency,
+		c.Seed, broker, c.OutboxMode, c.DataLayer, c.Orders, c.Payments, c.Instances, c.Concurrency,
 		c.Kills, c.Terms, c.BrokerRestarts, c.PGRestarts, c.NetCuts,
 		c.DropRate, c.FailRate, c.DeclineRate, c.ProduceFailRate, c.LoadDuration, c.Quiescence)
 	if c.Failpoints {
@@ -192,7 +193,7 @@ code{background:#f4f4f4;padding:1px 4px}svg{display:block;margin:.3em 0 1em}
 	}
 	b.WriteString("</p>\n<table>")
 	rows := [][2]string{
-		{"seed", fmt.Sprint(c.Seed)}, {"broker", c.Broker}, {"outbox", c.OutboxMode},
+		{"seed", fmt.Sprint(c.Seed)}, {"broker", c.Broker}, {"outbox", c.OutboxMode}, {"data layer", c.DataLayer},
 		{"sizes", fmt.Sprintf("%d orders, %d payments, %d instances, %d workers, load over %s, quiescence up to %s", c.Orders, c.Payments, c.Instances, c.Concurrency, c.LoadDuration, c.Quiescence)},
 		{"faults", fmt.Sprintf("%d kills, %d terms, %d broker restarts, %d PostgreSQL crashes, %d net cuts, failpoints %v (%d hits each)", c.Kills, c.Terms, c.BrokerRestarts, c.PGRestarts, c.NetCuts, c.Failpoints, c.FailpointHits)},
 		{"rates", fmt.Sprintf("paysim drop %g, fail %g, decline %g; produce fail %g; client duplicate %g, drop %g", c.DropRate, c.FailRate, c.DeclineRate, c.ProduceFailRate, c.DuplicateRate, c.ClientDropRate)},

@@ -177,6 +177,7 @@ func (r *Report) WriteText(w io.Writer) {
 		mode = "UNSAFE: " + r.Unsafe + " protection off"
 	}
 	fmt.Fprintf(w, "\nchaos run, seed %d (%s)\n", r.Seed, mode)
+	fmt.Fprintf(w, "  config      broker %s, outbox %s, data layer %s\n", r.Broker, r.Config.OutboxMode, r.Config.DataLayer)
 	fmt.Fprintf(w, "  load        %d orders, %d payments, %d instances, paysim drop %.0f%% fail %.0f%% decline %.0f%%, produce fail %.0f%%\n",
 		r.Orders, r.Payments, r.Instances, r.DropRate*100, r.FailRate*100, r.DeclineRate*100, r.ProduceFailRate*100)
 	fmt.Fprintf(w, "  operations  %d POSTs answered in %d requests: %d retries, %d answers dropped by the client, %d concurrent duplicates\n",

@@ -17,10 +17,14 @@ import (
 )
 
 // This file holds billing's two consumers on any consume.Driver: the
-// kafka-go driver (KAFKA_CLIENT=kafkago) and the JetStream driver
-// (BROKER=nats). They run the same steps as NewOrderConsumer and
-// NewChargeWorker, which stay on package kafka's franz-go Consumer (the
-// default client); the handlers read the broker-neutral consume.Message.
+// kafka-go driver (KAFKA_CLIENT=kafkago), the JetStream driver
+// (BROKER=nats), and franz-go's (kafka.NewDriver) on the database/sql data
+// layer (BILLING_DATA_LAYER=sql). They run the same steps as
+// NewOrderConsumer and NewChargeWorker, which stay on package kafka's
+// franz-go Consumer (the default client, on pgx); the handlers read the
+// broker-neutral consume.Message, and write through the postgres.Repo
+// bound to the message's transaction, a pgx.Tx or a *sql.Tx as the
+// postgres.DB decides.
 
 // UnsafeEventID is the event id of the unsafe consumers on any driver
 // (BILLING_UNSAFE=inbox): base, the message's own event id, plus a random
@@ -42,10 +46,16 @@ func messageHeader(m *consume.Message, key string) string {
 // OrderConfirmed, the ChargeRequested outbox row keyed by the event id
 // (usecase.HandleOrderConfirmed) in the message's transaction.
 func OrderHandler(ctx context.Context, tx pgx.Tx, m *consume.Message) error {
+	return orderStep(ctx, postgres.New(tx), m)
+}
+
+// orderStep is OrderHandler on the Repo of the message's transaction, on
+// either data layer.
+func orderStep(ctx context.Context, repo *postgres.Repo, m *consume.Message) error {
 	if t := messageHeader(m, idem.HeaderEventType); t != "" && t != usecase.EventOrderConfirmed {
 		return nil // another event type on the topic: not ours, marked done
 	}
-	err := usecase.HandleOrderConfirmed(ctx, postgres.New(tx), consume.EventIDFromContext(ctx), m.Value)
+	err := usecase.HandleOrderConfirmed(ctx, repo, consume.EventIDFromContext(ctx), m.Value)
 	if errors.Is(err, usecase.ErrBadEvent) {
 		return consume.Permanent(err)
 	}
@@ -53,21 +63,23 @@ func OrderHandler(ctx context.Context, tx pgx.Tx, m *consume.Message) error {
 }
 
 // NewOrderConsumerOn is NewOrderConsumer on drv (which consumes
-// orders.events for the group OrderGroup). hook, if not nil, is the
+// orders.events for the group OrderGroup), in transactions of db's data
+// layer (postgres.PGX or postgres.SQL). hook, if not nil, is the
 // consumer's hook: tracing, metrics, OnDuplicate. For the unsafe consumer,
-// drv's event ids come from UnsafeEventID.
-func NewOrderConsumerOn(db consume.DB, drv consume.Driver, log *slog.Logger, hook func(context.Context, consume.Event) context.Context) (*consume.Consumer, error) {
-	return consume.New(db, drv, OrderHandler, &consume.Config{ConsumerID: OrderGroup, Hook: hook, Logger: log})
+// drv's event ids come from UnsafeEventID (or DeliveryEventID).
+func NewOrderConsumerOn(db postgres.DB, drv consume.Driver, log *slog.Logger, hook func(context.Context, consume.Event) context.Context) (*consume.Consumer, error) {
+	return db.Consumer(drv, orderStep, &consume.Config{ConsumerID: OrderGroup, Hook: hook, Logger: log})
 }
 
 // NewChargeWorkerOn is NewChargeWorker on drv (which consumes
-// billing.commands for cfg.Group): the same three steps per command
+// billing.commands for cfg.Group), in transactions of db's data layer
+// (postgres.PGX or postgres.SQL): the same three steps per command
 // (dedup read, provider call outside any transaction, then processed_event
 // and the outcome in one transaction, then the ack). cfg.Brokers and
 // cfg.ClientOpts are not used: drv holds the connection settings. With
 // cfg.UnsafeNoInbox, drv's event ids must come from UnsafeEventID: the
 // provider key takes the same per-delivery suffix.
-func NewChargeWorkerOn(db consume.DB, gw usecase.PaymentGateway, drv consume.Driver, cfg *ChargeWorkerConfig) (*consume.Consumer, error) {
+func NewChargeWorkerOn(db postgres.DB, gw usecase.PaymentGateway, drv consume.Driver, cfg *ChargeWorkerConfig) (*consume.Consumer, error) {
 	c := ChargeWorkerConfig{}
 	if cfg != nil {
 		c = *cfg
@@ -129,12 +141,12 @@ func NewChargeWorkerOn(db consume.DB, gw usecase.PaymentGateway, drv consume.Dri
 		}
 		return nil, fmt.Errorf("charge outcome unknown for %s (retried with the same key): %w", cmd.TargetID, err)
 	}
-	handler := func(ctx context.Context, tx pgx.Tx, _ *consume.Message) error {
+	handler := func(ctx context.Context, repo *postgres.Repo, _ *consume.Message) error {
 		r, ok := consume.PreparedFromContext(ctx).(chargeResult)
 		if !ok {
 			return nil // skipped
 		}
-		return usecase.RecordCharge(ctx, postgres.New(tx), r.cmd, r.outcome)
+		return usecase.RecordCharge(ctx, repo, r.cmd, r.outcome)
 	}
 	hook := func(ctx context.Context, e consume.Event) context.Context {
 		switch e.Kind {
@@ -154,7 +166,7 @@ func NewChargeWorkerOn(db consume.DB, gw usecase.PaymentGateway, drv consume.Dri
 		}
 		return ctx
 	}
-	cc, err := consume.New(db, drv, handler, &consume.Config{
+	cc, err := db.Consumer(drv, handler, &consume.Config{
 		ConsumerID:  c.Group,
 		MaxAttempts: chargeAttemptsUnbounded,
 		BackoffMin:  c.BackoffMin,

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 
+	_ "github.com/jackc/pgx/v5/stdlib"
+
 	"github.com/idemkit/idem/examples/billing/adapters/in/httpapi"
 	"github.com/idemkit/idem/examples/billing/adapters/out/postgres"
 	"github.com/idemkit/idem/idemtest"
@@ -20,14 +22,31 @@ import (
 // request meets the open claim; nothing may fail. The routes check sends
 // the order's key to POST /payments too, whose answer (the order there
 // does not exist) must be its own.
+//
+// It runs on both data layers: pgx (Config.DB) and database/sql on pgx's
+// stdlib driver (Config.SQLDB: NewSQLStore, SQLTxFromContext).
 func TestBillingHTTP(t *testing.T) {
 	t.Parallel()
+	for _, layer := range []string{postgres.LayerPGX, postgres.LayerSQL} {
+		t.Run(layer, func(t *testing.T) {
+			t.Parallel()
+			billingHTTP(t, layer)
+		})
+	}
+}
+
+func billingHTTP(t *testing.T, layer string) {
 	db := testdb.New(t, testdb.MaxConns(16))
 	if err := postgres.Migrate(t.Context(), db.Pool); err != nil {
 		t.Fatal(err)
 	}
+	cfg := httpapi.Config{DB: db.Pool}
+	if layer == postgres.LayerSQL {
+		cfg = httpapi.Config{SQLDB: db.SQL(t, "pgx", 16)}
+	}
 	h, _, err := httpapi.NewHandler(httpapi.Config{
-		DB:      db.Pool,
+		DB:      cfg.DB,
+		SQLDB:   cfg.SQLDB,
 		Tokens:  []httpapi.Token{{Secret: "alice-token", Principal: "alice"}, {Secret: "bob-token", Principal: "bob"}},
 		Ready:   http.NotFoundHandler(),
 		Metrics: httpapi.NewMetrics(),

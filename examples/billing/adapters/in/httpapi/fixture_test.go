@@ -32,13 +32,25 @@ const (
 
 func setup(t *testing.T, opts ...testdb.Option) *fixture {
 	t.Helper()
+	return setupOn(t, postgres.LayerPGX, opts...)
+}
+
+// setupOn is setup on a data layer: postgres.LayerPGX (Config.DB) or
+// postgres.LayerSQL (Config.SQLDB, pgx's stdlib driver).
+func setupOn(t *testing.T, layer string, opts ...testdb.Option) *fixture {
+	t.Helper()
 	db := testdb.New(t, opts...)
 	if err := postgres.Migrate(context.Background(), db.Pool); err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{db: db, m: httpapi.NewMetrics(), log: &testbin.Buffer{}}
+	cfg := httpapi.Config{DB: db.Pool}
+	if layer == postgres.LayerSQL {
+		cfg = httpapi.Config{SQLDB: db.SQL(t, "pgx", 20)}
+	}
 	h, _, err := httpapi.NewHandler(httpapi.Config{
-		DB:             db.Pool,
+		DB:             cfg.DB,
+		SQLDB:          cfg.SQLDB,
 		Tokens:         []httpapi.Token{{Secret: aliceSecret, Principal: "alice"}, {Secret: bobSecret, Principal: "bob"}},
 		Ready:          http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}),
 		Metrics:        f.m,
@@ -50,6 +62,16 @@ func setup(t *testing.T, opts ...testdb.Option) *fixture {
 	}
 	f.h = h
 	return f
+}
+
+// forLayers runs test as a parallel subtest per data layer.
+func forLayers(t *testing.T, test func(t *testing.T, layer string)) {
+	for _, layer := range []string{postgres.LayerPGX, postgres.LayerSQL} {
+		t.Run(layer, func(t *testing.T) {
+			t.Parallel()
+			test(t, layer)
+		})
+	}
 }
 
 // do sends one request as alice (key and body optional).

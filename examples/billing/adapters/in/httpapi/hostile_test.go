@@ -199,10 +199,14 @@ func TestRefusedInputIsBoundedAndNotStored(t *testing.T) {
 // refusal has its own code; a confirm of an order with payments is refused
 // (it would charge the whole total again). On main two payments of
 // 9,223,372,036,854,775,807 kopecks on an order CHARGED for 1,000 were
-// accepted.
+// accepted. It runs on both data layers.
 func TestPaymentRules(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
+	forLayers(t, paymentRules)
+}
+
+func paymentRules(t *testing.T, layer string) {
+	f := setupOn(t, layer)
 	pay := func(key, orderID, customer string, amount int64) *httptest.ResponseRecorder {
 		return f.do("POST", "/payments", key, fmt.Sprintf(`{"order_id":%q,"customer_id":%q,"amount_kopecks":%d}`, orderID, customer, amount))
 	}
@@ -255,10 +259,15 @@ func TestPaymentRules(t *testing.T) {
 // on one order, each under its own key (so the idempotency layer does not
 // order them): exactly one is accepted and one charge commanded. Then a
 // payment and a confirm race on fresh orders: exactly one of the two wins
-// each time.
+// each time. It runs on both data layers: on database/sql the order's row
+// lock is taken through the *sql.Tx of the middleware.
 func TestConcurrentPaymentsOnOneOrder(t *testing.T) {
 	t.Parallel()
-	f := setup(t, testdb.MaxConns(20))
+	forLayers(t, concurrentPaymentsOnOneOrder)
+}
+
+func concurrentPaymentsOnOneOrder(t *testing.T, layer string) {
+	f := setupOn(t, layer, testdb.MaxConns(20))
 	o := f.order(t, "o1", 1000)
 	const n = 16
 	codes := make([]int, n)

@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/subtle"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -25,14 +26,11 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/billing/adapters/out/postgres"
 	"github.com/idemkit/idem/examples/billing/domain"
 	"github.com/idemkit/idem/examples/billing/usecase"
 	"github.com/idemkit/idem/idempotency"
-	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/problem"
 	"github.com/idemkit/idem/outbox"
 )
@@ -157,8 +155,15 @@ func redactEntry(pair string) string {
 
 // Config wires the handler.
 type Config struct {
-	// DB serves reads and the middleware's transactions (a pool). Required.
+	// DB serves reads and the middleware's transactions (a pool). Required
+	// unless SQLDB is set.
 	DB idempotency.DB
+	// SQLDB, when set, runs the API on database/sql instead of DB
+	// (billing's BILLING_DATA_LAYER=sql): reads on SQLDB, the middleware's
+	// transactions through idempotency.NewSQLStore, the handlers' writes
+	// in the *sql.Tx of idempotency.SQLTxFromContext, and two-step mode's
+	// own transactions begun on SQLDB. Defaults to nil (pgx, on DB).
+	SQLDB *sql.DB
 	// Tokens are the accepted bearer tokens. Required.
 	Tokens []Token
 	// Ready answers /readyz (lifecycle.Group.ReadyHandler). Required.
@@ -240,7 +245,7 @@ func principalOf(ctx context.Context) (string, bool) {
 }
 
 type api struct {
-	db  idempotency.DB
+	db  postgres.DB
 	log *slog.Logger
 	// ownTx: POST handlers run their own transaction instead of the
 	// middleware's (UnsafeNoLease).
@@ -253,8 +258,14 @@ type api struct {
 // NewHandler returns the billing API and the idempotency middleware (whose
 // Start/Stop run the retention purge).
 func NewHandler(cfg Config) (http.Handler, *idempotency.Middleware, error) {
-	if cfg.DB == nil || len(cfg.Tokens) == 0 || cfg.Ready == nil || cfg.Metrics == nil {
-		return nil, nil, errors.New("billing: httpapi.Config needs DB, Tokens, Ready and Metrics")
+	if (cfg.DB == nil && cfg.SQLDB == nil) || len(cfg.Tokens) == 0 || cfg.Ready == nil || cfg.Metrics == nil {
+		return nil, nil, errors.New("billing: httpapi.Config needs DB (or SQLDB), Tokens, Ready and Metrics")
+	}
+	var db postgres.DB
+	if cfg.SQLDB != nil {
+		db = postgres.SQL(cfg.SQLDB)
+	} else {
+		db = postgres.PGX(cfg.DB)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -274,7 +285,7 @@ func NewHandler(cfg Config) (http.Handler, *idempotency.Middleware, error) {
 	if cfg.UnsafeNoFingerprint {
 		icfg.FingerprintFields = []string{unsafeNoSuchMember}
 	}
-	var store idempotency.Store = idempotency.NewPostgresStore(cfg.DB)
+	store := db.IdempotencyStore()
 	if cfg.Store != nil {
 		store = cfg.Store
 		icfg.Mode = idempotency.ModeTwoStep
@@ -286,7 +297,7 @@ func NewHandler(cfg Config) (http.Handler, *idempotency.Middleware, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	a := &api{db: cfg.DB, log: log, ownTx: cfg.UnsafeNoLease, twoStep: cfg.Store != nil}
+	a := &api{db: db, log: log, ownTx: cfg.UnsafeNoLease, twoStep: cfg.Store != nil}
 	auth := authenticate(cfg.Tokens)
 	post := func(h http.HandlerFunc) http.Handler { return auth(mw.Wrap(h)) }
 
@@ -428,13 +439,9 @@ func isRead(r *http.Request) bool {
 // record), to the pool on a read.
 func (a *api) repo(r *http.Request) (usecase.Repository, bool) {
 	if isRead(r) {
-		return postgres.New(a.db), true
+		return a.db.Reader(), true
 	}
-	tx, ok := idempotency.TxFromContext(r.Context())
-	if !ok {
-		return nil, false
-	}
-	return postgres.New(tx), true
+	return a.db.RequestRepo(r.Context())
 }
 
 // errMalformed is a body that is not the JSON object a route takes; its
@@ -680,15 +687,15 @@ func (a *api) runTwoStep(w http.ResponseWriter, r *http.Request, okStatus int, o
 	}
 	ctx := r.Context()
 	var v any
-	err := pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
-		first, err := inbox.MarkProcessedTx(ctx, tx, HTTPOperationsConsumer, op)
+	err := a.db.InTx(ctx, func(repo *postgres.Repo) error {
+		first, err := repo.MarkProcessed(ctx, HTTPOperationsConsumer, op)
 		if err != nil {
 			return err
 		}
 		if first {
-			v, err = uc(ctx, postgres.New(tx), owner)
+			v, err = uc(ctx, repo, owner)
 		} else {
-			v, err = again(ctx, postgres.New(tx), owner)
+			v, err = again(ctx, repo, owner)
 		}
 		return err
 	})
@@ -707,9 +714,9 @@ func (a *api) runTwoStep(w http.ResponseWriter, r *http.Request, okStatus int, o
 func (a *api) runOwnTx(w http.ResponseWriter, r *http.Request, okStatus int, owner string, uc useCase) {
 	var v any
 	ctx := context.WithoutCancel(r.Context())
-	err := pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
+	err := a.db.InTx(ctx, func(repo *postgres.Repo) error {
 		var err error
-		v, err = uc(ctx, postgres.New(tx), owner)
+		v, err = uc(ctx, repo, owner)
 		return err
 	})
 	if err != nil {

@@ -1,10 +1,12 @@
 // Package postgres is billing's persistence adapter: the usecase.Repository
-// over one pgx transaction (or the pool, for reads), billing's own embedded
-// migrations, and the outbox as the event sink.
+// over one transaction (or the pool, for reads) of either data layer, pgx
+// or database/sql (see DB), billing's own embedded migrations, and the
+// outbox as the event sink.
 package postgres
 
 import (
 	"context"
+	"database/sql"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -16,6 +18,8 @@ import (
 	"github.com/idemkit/idem/examples/billing/adapters/out/postgres/internal/dbsqlc"
 	"github.com/idemkit/idem/examples/billing/domain"
 	"github.com/idemkit/idem/examples/billing/usecase"
+	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/sqlpgx"
 	"github.com/idemkit/idem/migrate"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/wal"
@@ -58,17 +62,43 @@ func Migrate(ctx context.Context, db migrate.DB) error {
 	return nil
 }
 
-// Repo implements usecase.Repository on db: a pgx.Tx for writes (so that
-// the writes and the emitted events commit together), the pool for reads.
+// Repo implements usecase.Repository on db: a transaction for writes (so
+// that the writes and the emitted events commit together), the pool for
+// reads. It is bound to a pgx.Tx (New) or a *sql.Tx (NewSQL), and routes
+// its two idem calls, Emit and MarkProcessed, to the entry point of that
+// transaction's type (outbox.EnqueueTx or outbox.EnqueueSQLTx, and so on);
+// its own statements are the same sqlc queries on both.
 type Repo struct {
 	db outbox.DBTX
 	q  *dbsqlc.Queries
+	// At most one is set: the transaction the Repo is bound to.
+	pgxTx pgx.Tx
+	sqlTx *sql.Tx
 }
 
 var _ usecase.Repository = (*Repo)(nil)
 
-// New binds a Repo to db.
-func New(db outbox.DBTX) *Repo { return &Repo{db: db, q: dbsqlc.New(db)} }
+// New binds a Repo to db, a pgx.Tx or a pgx pool.
+func New(db outbox.DBTX) *Repo {
+	tx, _ := db.(pgx.Tx)
+	return &Repo{db: db, q: dbsqlc.New(db), pgxTx: tx}
+}
+
+// SQLQuerier is what *sql.Tx and *sql.DB have in common.
+type SQLQuerier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// NewSQL binds a Repo to db, a *sql.Tx or a *sql.DB (billing's
+// BILLING_DATA_LAYER=sql, on pgx's stdlib driver). The sqlc queries, made
+// for pgx, reach db through idem's own database/sql adapter: the same
+// statements as New's, through database/sql.
+func NewSQL(db SQLQuerier) *Repo {
+	d := sqlpgx.DB{Q: db}
+	tx, _ := db.(*sql.Tx)
+	return &Repo{db: d, q: dbsqlc.New(d), sqlTx: tx}
+}
 
 func text(s string) pgtype.Text { return pgtype.Text{String: s, Valid: s != ""} }
 
@@ -178,8 +208,8 @@ func (r *Repo) SettlePayment(ctx context.Context, id string, o usecase.ChargeOut
 	return n == 1, nil
 }
 
-// Emit implements usecase.Repository through outbox.EnqueueTx, or
-// wal.Enqueuer's under ContextWithWALOutbox.
+// Emit implements usecase.Repository through outbox.EnqueueTx (or
+// EnqueueSQLTx in a *sql.Tx), or wal.Enqueuer's under ContextWithWALOutbox.
 func (r *Repo) Emit(ctx context.Context, e usecase.Event) (string, error) {
 	payload, err := json.Marshal(e.Payload)
 	if err != nil {
@@ -190,9 +220,13 @@ func (r *Repo) Emit(ctx context.Context, e usecase.Event) (string, error) {
 		EventID: e.EventID, EventType: e.Type, Payload: payload,
 	}
 	var ids []string
-	tx, inTx := r.db.(pgx.Tx)
+	tx, inTx := r.pgxTx, r.pgxTx != nil
 	prefix, toWAL := walPrefix(ctx)
 	switch {
+	case toWAL && r.sqlTx != nil:
+		ids, err = wal.Enqueuer{Prefix: prefix}.EnqueueSQLTx(ctx, r.sqlTx, m) // commits with the use case's writes
+	case r.sqlTx != nil:
+		ids, err = outbox.EnqueueSQLTx(ctx, r.sqlTx, m) // commits with the use case's writes
 	case toWAL && inTx:
 		ids, err = wal.Enqueuer{Prefix: prefix}.EnqueueTx(ctx, tx, m) // commits with the use case's writes
 	case toWAL:
@@ -206,4 +240,21 @@ func (r *Repo) Emit(ctx context.Context, e usecase.Event) (string, error) {
 		return "", fmt.Errorf("billing: emit %s: %w", e.Type, err)
 	}
 	return ids[0], nil
+}
+
+// ErrNoTx is MarkProcessed on a Repo bound to a pool, not a transaction.
+var ErrNoTx = errors.New("billing: the repository is not bound to a transaction")
+
+// MarkProcessed records eventID as processed by consumerID in the Repo's
+// transaction (inbox.MarkProcessedTx, or MarkProcessedSQLTx in a *sql.Tx):
+// first is false when it was already, and then the caller must not repeat
+// the work. ErrNoTx outside a transaction.
+func (r *Repo) MarkProcessed(ctx context.Context, consumerID, eventID string) (first bool, err error) {
+	switch {
+	case r.sqlTx != nil:
+		return inbox.MarkProcessedSQLTx(ctx, r.sqlTx, consumerID, eventID)
+	case r.pgxTx != nil:
+		return inbox.MarkProcessedTx(ctx, r.pgxTx, consumerID, eventID)
+	}
+	return false, ErrNoTx
 }

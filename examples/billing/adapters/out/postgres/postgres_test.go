@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib"
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/examples/billing/adapters/out/postgres"
@@ -162,5 +163,82 @@ func TestCreatePayment(t *testing.T) {
 	_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&n)
 	if n != 1 {
 		t.Fatalf("%d payments, want 1", n)
+	}
+}
+
+// layers are billing's two data layers on one test schema.
+func layers(t *testing.T, db *testdb.DB) []postgres.DB {
+	return []postgres.DB{postgres.PGX(db.Pool), postgres.SQL(db.SQL(t, "pgx", 4))}
+}
+
+// TestLayers proves each data layer's transaction: the use case's writes,
+// its event and an inbox mark commit together, or roll back together,
+// through the layer's own idem entry points (EnqueueTx or EnqueueSQLTx,
+// MarkProcessedTx or MarkProcessedSQLTx).
+func TestLayers(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	ctx := context.Background()
+	for _, layer := range layers(t, db) {
+		o, err := usecase.CreateOrderExec(ctx, layer.Reader(), "alice", usecase.CreateOrder{CustomerID: "c1", TotalKopecks: 500})
+		if err != nil {
+			t.Fatal(layer.Layer(), err)
+		}
+		events := func() (n int) {
+			t.Helper()
+			if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE aggregate_id = $1`, o.ID).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		marks := func() (n int) {
+			t.Helper()
+			if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM processed_event WHERE event_id = $1`, o.ID).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		errAbort := errors.New("abort")
+		confirm := func(repo *postgres.Repo) error {
+			if first, err := repo.MarkProcessed(ctx, "test", o.ID); err != nil || !first {
+				return errors.Join(err, errors.New("mark not first"))
+			}
+			_, err := usecase.ConfirmOrderExec(ctx, repo, "alice", o.ID)
+			return err
+		}
+		err = layer.InTx(ctx, func(repo *postgres.Repo) error {
+			if err := confirm(repo); err != nil {
+				return err
+			}
+			return errAbort
+		})
+		if !errors.Is(err, errAbort) {
+			t.Fatalf("%s: rolled-back confirm: %v", layer.Layer(), err)
+		}
+		if got, _ := layer.Reader().GetOrder(ctx, o.ID, "alice"); got.Status != domain.OrderNew || events() != 0 || marks() != 0 {
+			t.Fatalf("%s: after rollback: %s, %d events, %d marks", layer.Layer(), got.Status, events(), marks())
+		}
+		if err := layer.InTx(ctx, confirm); err != nil {
+			t.Fatalf("%s: confirm: %v", layer.Layer(), err)
+		}
+		if got, _ := layer.Reader().GetOrder(ctx, o.ID, "alice"); got.Status != domain.OrderConfirmed || events() != 1 || marks() != 1 {
+			t.Fatalf("%s: after commit: %s, %d events, %d marks", layer.Layer(), got.Status, events(), marks())
+		}
+		err = layer.InTx(ctx, func(repo *postgres.Repo) error {
+			first, err := repo.MarkProcessed(ctx, "test", o.ID)
+			if err == nil && first {
+				err = errors.New("a second mark is first")
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", layer.Layer(), err)
+		}
+		if _, err := layer.Reader().MarkProcessed(ctx, "test", "x"); !errors.Is(err, postgres.ErrNoTx) {
+			t.Fatalf("%s: mark outside a transaction: %v", layer.Layer(), err)
+		}
+		if _, ok := layer.RequestRepo(ctx); ok {
+			t.Fatalf("%s: a request transaction outside the middleware", layer.Layer())
+		}
 	}
 }
