@@ -15,7 +15,7 @@ import (
 )
 
 // savepointSQL opens the savepoint the handler's writes run under, right
-// after the claim (in the same round trip over a pool).
+// after the claim (in the same round trip over a pool or a connection).
 const savepointSQL = "savepoint idem_handler"
 
 // ClaimTx is an open transactional claim, from TxStore.BeginClaim: a
@@ -26,7 +26,7 @@ const savepointSQL = "savepoint idem_handler"
 // concurrent use, as a pgx.Tx is not.
 type ClaimTx struct {
 	claim Claim
-	tx    pgx.Tx  // the transaction: a *pipeTx over a pool, else pgx's
+	tx    pgx.Tx  // the transaction: a *pipeTx over a pool or a connection, else pgx's
 	pipe  *pipeTx // tx when it is a *pipeTx
 	stx   *sql.Tx // the transaction of a SQLStore (tx is nil then)
 	done  bool
@@ -56,8 +56,8 @@ func (t *ClaimTx) conn() *pgx.Conn {
 
 // Commit writes the complete record (resp, kept for retention from now)
 // and commits: the claim, everything written through Tx and the response
-// commit together, or nothing does. Over a pool the record and the COMMIT
-// travel in one round trip. On any error the transaction is rolled back.
+// commit together, or nothing does. Over a pool or a connection the
+// record and the COMMIT travel in one round trip. On any error the transaction is rolled back.
 // ErrFenced means a two-step claim took the key meanwhile.
 //
 // The handler's writes run under a savepoint. If one of its statements

@@ -16,17 +16,33 @@ type acquirer interface {
 	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
+// dedicated returns db's connection when db is one connection outside any
+// transaction of pgx's (a *pgx.Conn or an acquired *pgxpool.Conn), which
+// the claim may pipeline on. A pgx.Tx also has a Conn but is not one: its
+// Begin is a savepoint, and so must the claim's be.
+func dedicated(db DB) (*pgx.Conn, bool) {
+	switch c := db.(type) {
+	case *pgx.Conn:
+		return c, true
+	case *pgxpool.Conn:
+		return c.Conn(), true
+	}
+	return nil, false
+}
+
 // pipeTx is the request transaction of ModeTransactional when the store's
-// DB is a pool. BEGIN is pipelined with the claim and COMMIT with the stored
-// response (one pgx.Batch each), so a request pays no round trip of its own
-// for BEGIN or COMMIT: claim, the handler's statements, complete+commit.
+// DB gives a dedicated connection: a pool (*pgxpool.Pool, a connection
+// acquired per request), or one connection (*pgx.Conn, *pgxpool.Conn).
+// BEGIN is pipelined with the claim and COMMIT with the stored response
+// (one pgx.Batch each), so a request pays no round trip of its own for
+// BEGIN or COMMIT: claim, the handler's statements, complete+commit.
 // pgx's own transaction cannot do that: it sends BEGIN by itself.
 //
-// It implements pgx.Tx on the acquired connection, for TxFromContext.
-// Nested Begin uses savepoints as pgx does. The connection goes back to the
+// It implements pgx.Tx on the connection, for TxFromContext. Nested Begin
+// uses savepoints as pgx does. An acquired connection goes back to the
 // pool when the transaction ends; pgxpool destroys a connection released
 // inside a transaction, so a path that forgets to end it cannot leak an
-// open one.
+// open one. A connection of the caller's own stays the caller's.
 //
 // pgx.Tx is an interface that pgx may extend in a minor release (pgx
 // exempts it from its semver promise). The assertion below turns such an
@@ -35,7 +51,7 @@ type acquirer interface {
 // (pgx.Tx has the same method set in v5.9.2). On a pgx that adds a method,
 // add it here, delegating to the connection as the others do.
 type pipeTx struct {
-	pc     *pgxpool.Conn
+	pc     *pgxpool.Conn // the acquired connection, nil on the caller's own
 	conn   *pgx.Conn
 	sp     int64
 	closed bool
@@ -47,7 +63,9 @@ var _ pgx.Tx = (*pipeTx)(nil)
 func (t *pipeTx) release() {
 	if !t.closed {
 		t.closed = true
-		t.pc.Release()
+		if t.pc != nil {
+			t.pc.Release()
+		}
 	}
 }
 

@@ -18,9 +18,9 @@ import (
 // *pgx.Conn (anything else that runs statements and begins transactions).
 // It is the one database interface of this package: the statements need
 // Exec, Query and QueryRow, ModeTransactional needs Begin. A
-// *pgxpool.Pool is recognised and used better: ModeTransactional then
-// pipelines BEGIN with the claim and COMMIT with the record, on a
-// connection it acquires.
+// *pgxpool.Pool, a *pgx.Conn and a *pgxpool.Conn are recognised and used
+// better: ModeTransactional then pipelines BEGIN with the claim and COMMIT
+// with the record, on a connection it acquires (or on that connection).
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -193,8 +193,9 @@ func lockID(k KeyHash) int64 { return int64(binary.BigEndian.Uint64(k[:8])) }
 // BeginClaim implements TxStore: BEGIN, a try-lock on the key and a read of
 // its record (see TxLock and TxRead in queries.sql), then a savepoint that
 // the handler's writes run under (see ClaimTx.Commit). Nothing is written
-// until the commit. With a pool (*pgxpool.Pool) the four statements travel
-// in one pgx.Batch: one round trip. ClaimResult.Fence is 0: the
+// until the commit. Over a pool (*pgxpool.Pool) or one connection
+// (*pgx.Conn, *pgxpool.Conn) the four statements travel in one pgx.Batch:
+// one round trip, and so do the record and the COMMIT. ClaimResult.Fence is 0: the
 // transaction itself is the fence.
 func (s *PostgresStore) BeginClaim(ctx context.Context, c Claim) (*ClaimTx, ClaimResult, error) {
 	var (
@@ -203,12 +204,17 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, c Claim) (*ClaimTx, Clai
 		row dbsqlc.TxReadRow
 	)
 	readArgs := dbsqlc.TxReadParams{KeyHash: c.Key[:], Fingerprint: c.Fingerprint[:]}
+	var pt *pipeTx
 	if a, ok := s.db.(acquirer); ok {
 		pc, err := a.Acquire(ctx)
 		if err != nil {
 			return nil, ClaimResult{}, fmt.Errorf("idempotency: acquire: %w", err)
 		}
-		pt := &pipeTx{pc: pc, conn: pc.Conn()}
+		pt = &pipeTx{pc: pc, conn: pc.Conn()}
+	} else if conn, ok := dedicated(s.db); ok {
+		pt = &pipeTx{conn: conn}
+	}
+	if pt != nil {
 		b := &pgx.Batch{}
 		b.Queue("begin")
 		b.Queue(dbsqlc.TxLockSQL, lockID(c.Key)).QueryRow(func(r pgx.Row) error { return r.Scan(&got) })
@@ -218,7 +224,8 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, c Claim) (*ClaimTx, Clai
 		b.Queue(savepointSQL)
 		if err := pt.conn.SendBatch(ctx, b).Close(); err != nil {
 			// A failed batch leaves the transaction aborted (or never
-			// begun); the pool destroys a connection released inside one.
+			// begun): it is rolled back (the pool would destroy a
+			// connection released inside one anyway).
 			_ = pt.Rollback(context.WithoutCancel(ctx))
 			return nil, ClaimResult{}, fmt.Errorf("idempotency: claim: %w", err)
 		}

@@ -127,19 +127,28 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	objs, bytes := benchMemStart()
 	results, err := sc.Run(ctx, &benchEnv{DatabaseURL: *dbURL, Log: os.Stderr, Ints: bf.ints, Strings: bf.strs, Bools: bf.bools, Set: set})
 	if err != nil {
 		return err
 	}
-	return printBench(os.Stdout, sc.Name, results, *asJSON)
+	ops := 0
+	for _, r := range results {
+		ops += r.Ops
+	}
+	mem := benchMemEnd(objs, bytes, ops)
+	fmt.Fprintf(os.Stderr, "%s: peak RSS %.1f MiB, %.1f allocations (%.0f bytes) per operation, over the %d operations of all results (this process: subject and load generator)\n",
+		sc.Name, float64(mem.PeakRSSBytes)/(1<<20), mem.AllocsPerOp, mem.AllocBytesPerOp, ops)
+	return printBench(os.Stdout, sc.Name, results, mem, *asJSON)
 }
 
-func printBench(w io.Writer, scenario string, results []benchResult, asJSON bool) error {
+func printBench(w io.Writer, scenario string, results []benchResult, mem benchMemory, asJSON bool) error {
 	if asJSON {
 		return json.NewEncoder(w).Encode(struct {
 			Scenario string        `json:"scenario"`
 			Results  []benchResult `json:"results"`
-		}{scenario, results})
+			Memory   benchMemory   `json:"memory"`
+		}{scenario, results, mem})
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "%s\tops/s\tp50 ms\tp99 ms\tops\tratio\t\n", scenario)

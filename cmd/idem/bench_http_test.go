@@ -55,12 +55,18 @@ func benchHTTP(t *testing.T, store string, want []string) {
 	env := &benchEnv{DatabaseURL: testdb.URL(), Log: io.Discard, Ints: map[string]*int{
 		"seconds": &seconds, "clients": &clients, "rounds": &rounds,
 	}, Strings: map[string]*string{"store": &store}}
+	objs, allocBytes := benchMemStart()
 	results, err := sc.Run(context.Background(), env)
 	if err != nil {
 		t.Fatalf("bench http: %v", err)
 	}
+	ops := 0
+	for _, r := range results {
+		ops += r.Ops
+	}
+	mem := benchMemEnd(objs, allocBytes, ops)
 	var out bytes.Buffer
-	if err := printBench(&out, "http", results, true); err != nil {
+	if err := printBench(&out, "http", results, mem, true); err != nil {
 		t.Fatal(err)
 	}
 	var got struct {
@@ -71,6 +77,10 @@ func benchHTTP(t *testing.T, store string, want []string) {
 			P50Ms     float64 `json:"p50_ms"`
 			P99Ms     float64 `json:"p99_ms"`
 		} `json:"results"`
+		Memory struct {
+			PeakRSSBytes int64   `json:"peak_rss_bytes"`
+			AllocsPerOp  float64 `json:"allocs_per_op"`
+		} `json:"memory"`
 	}
 	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
 		t.Fatalf("--json output %q: %v", out.String(), err)
@@ -82,5 +92,10 @@ func benchHTTP(t *testing.T, store string, want []string) {
 		if r.Name != want[i] || r.OpsPerSec <= 0 || r.P50Ms <= 0 || r.P99Ms < r.P50Ms {
 			t.Fatalf("result %d = %+v, want %s measured", i, r, want[i])
 		}
+	}
+	// The process's peak RSS (the test binary's here) and its allocations
+	// per operation: a request allocates, whatever the store.
+	if got.Memory.PeakRSSBytes < 1<<20 || got.Memory.AllocsPerOp < 1 {
+		t.Fatalf("memory %+v, want a peak RSS and allocations per operation", got.Memory)
 	}
 }

@@ -42,10 +42,14 @@ func init() {
 			"events kept for retention) and purge (deleting those retained rows with\n" +
 			"Relay.Purge, rows/s); then notify-latency: commit → Kafka latency at --rate\n" +
 			"events/s with LISTEN/NOTIFY wake-up (poll interval 1s). Then the WAL outbox\n" +
-			"(package outbox/wal): wal-floor (a backlog of --wal-events events decoded from\n" +
-			"the slot and confirmed, no publish: the limit), wal (the same backlog to Kafka,\n" +
-			"acknowledged; its ratio is to wal-floor, and the log gives it over\n" +
+			"(package outbox/wal): wal-floor (--wal-events events read raw from the slot:\n" +
+			"pgoutput with the relay's options, acknowledged, nothing decoded or published:\n" +
+			"the limit), wal (the same backlog size to Kafka, acknowledged, 2 rounds\n" +
+			"interleaved with wal-floor; its ratio is to wal-floor, and the log gives it over\n" +
 			"at-least-once too) and wal-latency (commit → Kafka ack at --rate events/s).\n" +
+			"A floor is checked: if any variant beats sql-floor, or wal beats wal-floor, by\n" +
+			"more than the run's noise (the spread of 2 interleaved rounds), the bench prints\n" +
+			"FLOOR BEATEN naming both and exits 1.\n" +
 			"The wal-* results need wal_level=logical on the server: without it they are\n" +
 			"skipped with one line and the rest runs (an explicit --wal makes it an error;\n" +
 			"--wal=false leaves them out). In-process kfake broker,\n" +
@@ -198,6 +202,7 @@ func runBenchRelay(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		batch func(context.Context) (int, error)
 		// figures
 		lat     []float64
+		counts  []int // events of each batch, beside lat
 		elapsed time.Duration
 		total   int
 		done    bool
@@ -273,6 +278,7 @@ func runBenchRelay(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 				continue
 			}
 			v.lat = append(v.lat, float64(d.Microseconds())/1000)
+			v.counts = append(v.counts, k)
 			v.total += k
 		}
 	}
@@ -289,6 +295,22 @@ func runBenchRelay(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 			return nil, fmt.Errorf("%s: published %d (claimed %d) of %d events", v.name, published, v.total, events)
 		}
 		results = append(results, latencyResult(v.name, v.lat, events, v.elapsed))
+	}
+	// sql-floor is a floor: no variant beats it by more than the run's
+	// noise. The batches were interleaved; the rounds are consecutive
+	// runs of each variant's batches, benchFloorRounds of them, which ran
+	// in the same stretches of time for every variant.
+	rounds := map[string][]float64{}
+	var subjects []string
+	for _, v := range vs {
+		rounds[v.name] = benchBatchRounds(v.counts, v.lat, benchFloorRounds)
+		if v.name != "sql-floor" {
+			subjects = append(subjects, v.name)
+		}
+	}
+	fmt.Fprintf(env.Log, "relay: sql-floor: rounds %s events/s\n", benchRates(rounds["sql-floor"]))
+	if err := benchFloorCheck(env.Log, "sql-floor", rounds, subjects); err != nil {
+		return nil, err
 	}
 	// purge: the retained variant's PUBLISHED rows deleted by the relay's
 	// own retention purge (everything older than a minute).

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,11 +42,14 @@ func init() {
 		Summary: "The WAL outbox's results of `idem bench enqueue` and `idem bench relay`, in one\n" +
 			"run (an alias of both WAL parts). Enqueue cost: plain, enqueue-1, enqueue-10,\n" +
 			"wal-1, wal-10 (as `bench enqueue`: --clients clients, --seconds per variant in\n" +
-			"--rounds interleaved rounds). Relay: a backlog of --events events drained by\n" +
-			"wal-floor (decoded and confirmed, no publish), wal (to Kafka, acked) and the\n" +
-			"table relay's at-least-once; then wal-latency: commit → Kafka ack at --rate\n" +
-			"events/s. Needs wal_level=logical. In-process kfake broker; scratch schemas,\n" +
-			"slots and publications are dropped after.",
+			"--rounds interleaved rounds). Relay: --events events drained, in 2 interleaved\n" +
+			"rounds, by wal-floor (the slot's raw logical-decoding rate: pgoutput with the\n" +
+			"relay's options, read and acknowledged, no decoding of idem's encoding, no\n" +
+			"publisher) and wal (to Kafka, acked), then the table relay's at-least-once;\n" +
+			"then wal-latency: commit → Kafka ack at --rate events/s. Fails (exit 1, a line\n" +
+			"FLOOR BEATEN) if wal beats wal-floor by more than the rounds' spread. Needs\n" +
+			"wal_level=logical. In-process kfake broker; scratch schemas, slots and\n" +
+			"publications are dropped after.",
 		Flags: func(fs *benchFlags) {
 			fs.Int("seconds", 6, "measured seconds per enqueue variant, split over the rounds")
 			fs.Int("rounds", 3, "interleaved rounds of the enqueue variants")
@@ -241,8 +245,8 @@ func benchWALRatios(log io.Writer, results []benchResult) {
 	}
 }
 
-// benchCounter is a publisher that counts and acknowledges, for
-// wal-floor; with next, it counts what next acknowledged.
+// benchCounter is a publisher that counts and acknowledges; with next, it
+// counts what next acknowledged.
 type benchCounter struct {
 	next outbox.Publisher
 	n    atomic.Int64
@@ -275,9 +279,11 @@ func (c *benchCounter) add(n int64) {
 	}
 }
 
-// benchWALRelay drains a backlog of --events events through wal-floor
-// (decoded and confirmed, a publisher that does nothing) and wal (through
-// pub, to Kafka, acknowledged), then measures wal-latency. dbURL and pool
+// benchWALRelay drains --events events through wal-floor (benchWALRaw: the
+// slot read raw and acknowledged) and wal (the relay, through pub, to
+// Kafka, acknowledged), in benchFloorRounds interleaved rounds of a fresh
+// backlog each, fails if wal beats wal-floor by more than the rounds'
+// noise (benchFloorCheck), then measures wal-latency. dbURL and pool
 // name a scratch schema on a server with wal_level=logical; pub publishes
 // to a broker with the topics bench.relay and bench.latency.
 func benchWALRelay(ctx context.Context, env *benchEnv, dbURL string, pool *pgxpool.Pool, pub outbox.Publisher) ([]benchResult, error) {
@@ -331,7 +337,7 @@ func benchWALRelay(ctx context.Context, env *benchEnv, dbURL string, pool *pgxpo
 		return nil
 	}
 	drain := func(name string, r *wal.Relay, c *benchCounter) (benchResult, error) {
-		fmt.Fprintf(env.Log, "wal: %s: draining %d events...\n", name, events)
+		fmt.Fprintf(env.Log, "wal: %s: draining %d events...\n", name, c.want)
 		t0 := time.Now()
 		if err := r.Start(ctx); err != nil {
 			return benchResult{}, err
@@ -344,28 +350,83 @@ func benchWALRelay(ctx context.Context, env *benchEnv, dbURL string, pool *pgxpo
 		case <-ctx.Done():
 			return benchResult{}, ctx.Err()
 		}
-		return latencyResult(name, nil, events, time.Since(t0)), nil
+		return latencyResult(name, nil, int(c.want), time.Since(t0)), nil
 	}
 
-	var out []benchResult
+	// wal-floor and wal take turns, benchFloorRounds rounds of a fresh
+	// backlog each (the order alternating), so that a drift of the shared
+	// machine falls on both and the run measures its own noise.
+	per := (events + benchFloorRounds - 1) / benchFloorRounds
+	floorSlot := run + "_wal_floor"
+	slots = append(slots, floorSlot)
+	if _, err := pool.Exec(ctx, "CREATE PUBLICATION "+floorSlot); err != nil {
+		return nil, fmt.Errorf("wal-floor: publication: %w", err)
+	}
+	if _, err := pool.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", floorSlot); err != nil {
+		return nil, fmt.Errorf("wal-floor: slot: %w", err)
+	}
+	c := &benchCounter{}
+	r, prefix, err := newRelay("wal", c)
+	if err != nil {
+		return nil, err
+	}
+	walSlot := slots[len(slots)-1]
+	rounds := map[string][]float64{}
+	elapsed := map[string]time.Duration{}
+	for round := range benchFloorRounds {
+		order := []string{"wal-floor", "wal"}
+		if round%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, name := range order {
+			// Each variant's slot skips what was written since it last
+			// read (the other's backlog), untimed: both decode the same
+			// WAL, their own backlog only.
+			slot := floorSlot
+			if name == "wal" {
+				slot = walSlot
+			}
+			if err := benchSlotAdvance(ctx, pool, slot); err != nil {
+				return nil, fmt.Errorf("%s: %w", name, err)
+			}
+			fmt.Fprintf(env.Log, "wal: round %d: %s: writing a backlog of %d events...\n", round+1, name, per)
+			var d time.Duration
+			if name == "wal-floor" {
+				fprefix := "idem.bench." + floorSlot + ".r" + strconv.Itoa(round)
+				if err := backlog(fprefix, "bench.relay", per); err != nil {
+					return nil, err
+				}
+				fmt.Fprintf(env.Log, "wal: round %d: wal-floor: reading %d events raw from the slot...\n", round+1, per)
+				if d, err = benchWALRaw(ctx, dbURL, floorSlot, floorSlot, fprefix, per); err != nil {
+					return nil, err
+				}
+			} else {
+				if err := backlog(prefix, "bench.relay", per); err != nil {
+					return nil, err
+				}
+				// The relay is stopped between rounds: nothing publishes.
+				c.n.Store(0)
+				c.done, c.want, c.once = make(chan struct{}), int64(per), sync.Once{}
+				c.next = pub
+				res, err := drain(name, r, c)
+				if err != nil {
+					return nil, err
+				}
+				d = time.Duration(float64(time.Second) * float64(per) / res.OpsPerSec)
+			}
+			elapsed[name] += d
+			rounds[name] = append(rounds[name], float64(per)/d.Seconds())
+		}
+	}
 	for _, name := range []string{"wal-floor", "wal"} {
-		c := &benchCounter{done: make(chan struct{}), want: int64(events)}
-		if name == "wal" {
-			c.next = pub
-		}
-		r, prefix, err := newRelay(name, c)
-		if err != nil {
-			return nil, err
-		}
-		fmt.Fprintf(env.Log, "wal: %s: writing a backlog of %d events...\n", name, events)
-		if err := backlog(prefix, "bench.relay", events); err != nil {
-			return nil, err
-		}
-		res, err := drain(name, r, c)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, res)
+		fmt.Fprintf(env.Log, "wal: %s: rounds %s events/s\n", name, benchRates(rounds[name]))
+	}
+	if err := benchFloorCheck(env.Log, "wal-floor", rounds, []string{"wal"}); err != nil {
+		return nil, err
+	}
+	out := []benchResult{
+		latencyResult("wal-floor", nil, per*benchFloorRounds, elapsed["wal-floor"]),
+		latencyResult("wal", nil, per*benchFloorRounds, elapsed["wal"]),
 	}
 
 	lat, err := benchWALLatency(ctx, env, pool, pub, newRelay)
@@ -373,6 +434,20 @@ func benchWALRelay(ctx context.Context, env *benchEnv, dbURL string, pool *pgxpo
 		return nil, fmt.Errorf("wal-latency: %w", err)
 	}
 	return append(out, lat), nil
+}
+
+// benchSlotAdvance moves slot's confirmed position to the server's
+// current WAL position, retrying while the slot's last reader is still
+// leaving it.
+func benchSlotAdvance(ctx context.Context, pool *pgxpool.Pool, slot string) error {
+	var err error
+	for range 100 {
+		if _, err = pool.Exec(ctx, "SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())", slot); err == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond) // the slot stays active for a moment after its reader left
+	}
+	return fmt.Errorf("advance slot %s: %w", slot, err)
 }
 
 // benchWALLatency: one event per transaction at --rate, commit → Kafka
