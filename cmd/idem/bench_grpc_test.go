@@ -28,7 +28,7 @@ func TestBenchGRPC(t *testing.T) {
 		t.Fatalf("bench grpc: %v", err)
 	}
 	var out bytes.Buffer
-	if err := printBench(&out, "grpc", results, true); err != nil {
+	if err := printBench(&out, "grpc", results, benchMemory{}, true); err != nil {
 		t.Fatal(err)
 	}
 	var got struct {
