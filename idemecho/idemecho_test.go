@@ -16,15 +16,6 @@ import (
 	"github.com/idemkit/idem/internal/adaptertest"
 )
 
-var principal = adaptertest.Principal
-
-type reply struct {
-	status   int
-	body     string
-	replayed bool
-	retry    string
-}
-
 // build serves adaptertest's contract with echo behind idemecho, echo's
 // Recover before or after it.
 func build(t *testing.T, a *adaptertest.App, mw *idempotency.Middleware) string {

@@ -14,15 +14,6 @@ import (
 	"github.com/idemkit/idem/internal/adaptertest"
 )
 
-var principal = adaptertest.Principal
-
-type reply struct {
-	status   int
-	body     string
-	replayed bool
-	retry    string
-}
-
 // build serves adaptertest's contract with gin behind idemgin, gin.Recovery
 // before or after it.
 func build(t *testing.T, a *adaptertest.App, mw *idempotency.Middleware) string {
