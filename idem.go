@@ -98,6 +98,33 @@ const (
 	CodeTxAborted        = "IDEMPOTENCY_TX_ABORTED"        // 500: the handler answered success after its transaction failed; nothing committed
 )
 
+// RPCCode is the status code that answers the refusal with problem code
+// code over an RPC protocol (gRPC, and Connect, which shares gRPC's
+// canonical codes), and whether that answer carries the refusal's retry
+// delay: InvalidArgument (3) for a missing or invalid key,
+// FailedPrecondition (9) for a reused one, Aborted (10, retry) in
+// progress, Unauthenticated (16) without a principal, Unavailable (14,
+// retry) when the store is down, ResourceExhausted (8) for a body too
+// large, and Internal (13) for the rest. Every RPC adapter answers a
+// refusal through it, so they answer alike.
+func RPCCode(code string) (rpc uint32, retry bool) {
+	switch code {
+	case CodeKeyRequired, CodeKeyInvalid:
+		return 3, false
+	case CodeKeyReused:
+		return 9, false
+	case CodeKeyInProgress:
+		return 10, true
+	case CodeScopeUnknown:
+		return 16, false
+	case CodeStoreUnavailable:
+		return 14, true
+	case CodeBodyTooLarge:
+		return 8, false
+	}
+	return 13, false
+}
+
 // ProblemContentType is the media type of RFC 9457 problem details.
 const ProblemContentType = "application/problem+json"
 

@@ -451,27 +451,15 @@ func problemError(cw *capture) error {
 		Detail string `json:"detail"`
 	}
 	_ = json.Unmarshal(cw.body.Bytes(), &p)
-	retry := cw.header.Get("Retry-After")
-	switch p.Code {
-	case idem.CodeKeyRequired, idem.CodeKeyInvalid:
-		return refusal(connect.CodeInvalidArgument, p.Code, p.Detail, "")
-	case idem.CodeKeyReused:
-		return refusal(connect.CodeFailedPrecondition, p.Code, p.Detail, "")
-	case idem.CodeKeyInProgress:
-		return refusal(connect.CodeAborted, p.Code, p.Detail, retry)
-	case idem.CodeScopeUnknown:
-		return refusal(connect.CodeUnauthenticated, p.Code, p.Detail, "")
-	case idem.CodeStoreUnavailable:
-		return refusal(connect.CodeUnavailable, p.Code, p.Detail, retry)
-	case idem.CodeBodyTooLarge:
-		return refusal(connect.CodeResourceExhausted, p.Code, p.Detail, "")
-	case idem.CodeTxAborted:
-		return refusal(connect.CodeInternal, p.Code, p.Detail, "")
+	rpc, withRetry := idem.RPCCode(p.Code)
+	retry := ""
+	if withRetry {
+		retry = cw.header.Get("Retry-After")
 	}
 	if p.Code == "" {
 		p.Code = "UNKNOWN"
 	}
-	return refusal(connect.CodeInternal, p.Code, p.Detail, "")
+	return refusal(connect.Code(rpc), p.Code, p.Detail, retry)
 }
 
 // capture is the http.ResponseWriter the engine answers into.

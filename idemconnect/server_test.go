@@ -310,3 +310,20 @@ func TestStoreDown(t *testing.T) {
 		t.Errorf("%d executions, want 0", n)
 	}
 }
+
+// TestRPCCodeIsConnects: idem.RPCCode's numbers are Connect's codes.
+func TestRPCCodeIsConnects(t *testing.T) {
+	for code, want := range map[string]connect.Code{
+		idem.CodeKeyRequired:      connect.CodeInvalidArgument,
+		idem.CodeKeyReused:        connect.CodeFailedPrecondition,
+		idem.CodeKeyInProgress:    connect.CodeAborted,
+		idem.CodeScopeUnknown:     connect.CodeUnauthenticated,
+		idem.CodeStoreUnavailable: connect.CodeUnavailable,
+		idem.CodeBodyTooLarge:     connect.CodeResourceExhausted,
+		idem.CodeTxAborted:        connect.CodeInternal,
+	} {
+		if got, _ := idem.RPCCode(code); connect.Code(got) != want {
+			t.Errorf("RPCCode(%s) = %v, want %v", code, connect.Code(got), want)
+		}
+	}
+}

@@ -360,27 +360,15 @@ func problemStatus(cw *capture) error {
 		Detail string `json:"detail"`
 	}
 	_ = json.Unmarshal(cw.body.Bytes(), &p)
-	retry := cw.header.Get("Retry-After")
-	switch p.Code {
-	case idem.CodeKeyRequired, idem.CodeKeyInvalid:
-		return refusal(codes.InvalidArgument, p.Code, p.Detail, "")
-	case idem.CodeKeyReused:
-		return refusal(codes.FailedPrecondition, p.Code, p.Detail, "")
-	case idem.CodeKeyInProgress:
-		return refusal(codes.Aborted, p.Code, p.Detail, retry)
-	case idem.CodeScopeUnknown:
-		return refusal(codes.Unauthenticated, p.Code, p.Detail, "")
-	case idem.CodeStoreUnavailable:
-		return refusal(codes.Unavailable, p.Code, p.Detail, retry)
-	case idem.CodeBodyTooLarge:
-		return refusal(codes.ResourceExhausted, p.Code, p.Detail, "")
-	case idem.CodeTxAborted:
-		return refusal(codes.Internal, p.Code, p.Detail, "")
+	rpc, withRetry := idem.RPCCode(p.Code)
+	retry := ""
+	if withRetry {
+		retry = cw.header.Get("Retry-After")
 	}
 	if p.Code == "" {
 		p.Code = "UNKNOWN"
 	}
-	return refusal(codes.Internal, p.Code, p.Detail, "")
+	return refusal(codes.Code(rpc), p.Code, p.Detail, retry)
 }
 
 // capture is the http.ResponseWriter the engine answers into.

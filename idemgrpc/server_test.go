@@ -291,3 +291,28 @@ func TestRefusals(t *testing.T) {
 		t.Fatalf("%d runs, want 0", c)
 	}
 }
+
+// TestRPCCodeIsGRPCs: idem.RPCCode's numbers are grpc-go's codes for the
+// refusals the package doc's table names (idemconnect answers through the
+// same function, Connect sharing these numbers).
+func TestRPCCodeIsGRPCs(t *testing.T) {
+	for code, want := range map[string]codes.Code{
+		idem.CodeKeyRequired:      codes.InvalidArgument,
+		idem.CodeKeyInvalid:       codes.InvalidArgument,
+		idem.CodeKeyReused:        codes.FailedPrecondition,
+		idem.CodeKeyInProgress:    codes.Aborted,
+		idem.CodeScopeUnknown:     codes.Unauthenticated,
+		idem.CodeStoreUnavailable: codes.Unavailable,
+		idem.CodeBodyTooLarge:     codes.ResourceExhausted,
+		idem.CodeTxAborted:        codes.Internal,
+		"SOMETHING_ELSE":          codes.Internal,
+	} {
+		got, retry := idem.RPCCode(code)
+		if codes.Code(got) != want {
+			t.Errorf("RPCCode(%s) = %v, want %v", code, codes.Code(got), want)
+		}
+		if wantRetry := want == codes.Aborted || want == codes.Unavailable; retry != wantRetry {
+			t.Errorf("RPCCode(%s) retry %v, want %v", code, retry, wantRetry)
+		}
+	}
+}
