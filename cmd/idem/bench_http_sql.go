@@ -3,10 +3,10 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver of sql-transactional
 
@@ -34,22 +34,14 @@ func benchSQLTransactional(schemaURL string, clients int, mux *http.ServeMux, sc
 		_ = db.Close()
 		return benchVariant{}, nil, err
 	}
-	mux.Handle("POST /sql-transactional/rows", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		tx, ok := idempotency.SQLTxFromContext(r.Context())
+	mux.Handle("POST /sql-transactional/rows", mw.Wrap(benchRowHandler(func(ctx context.Context) (int64, error) {
+		tx, ok := idempotency.SQLTxFromContext(ctx)
 		if !ok {
-			http.Error(w, "no request transaction", http.StatusInternalServerError)
-			return
+			return 0, errors.New("no request transaction")
 		}
 		var id int64
-		if err := tx.QueryRowContext(r.Context(), `INSERT INTO bench_http_row (body) VALUES ($1) RETURNING id`, benchHTTPBody).Scan(&id); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Location", "/rows/"+strconv.FormatInt(id, 10))
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"id":%d,"status":"NEW"}`, id)
+		err := tx.QueryRowContext(ctx, `INSERT INTO bench_http_row (body) VALUES ($1) RETURNING id`, benchHTTPBody).Scan(&id)
+		return id, err
 	})))
 	return benchVariant{name: "sql-transactional", op: func(ctx context.Context) error {
 		return conns.post(ctx, "/sql-transactional/rows", newKey(), http.StatusCreated)

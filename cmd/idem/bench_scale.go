@@ -346,22 +346,14 @@ func newScaleSubject(ctx context.Context, env *benchEnv, n int, o benchScaleOpts
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /transactional/rows", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		tx, ok := idempotency.TxFromContext(r.Context())
+	mux.Handle("POST /transactional/rows", mw.Wrap(benchRowHandler(func(ctx context.Context) (int64, error) {
+		tx, ok := idempotency.TxFromContext(ctx)
 		if !ok {
-			http.Error(w, "no request transaction", http.StatusInternalServerError)
-			return
+			return 0, errors.New("no request transaction")
 		}
 		var id int64
-		if err := tx.QueryRow(r.Context(), `INSERT INTO bench_scale_row (body) VALUES ($1) RETURNING id`, benchHTTPBody).Scan(&id); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Location", "/rows/"+strconv.FormatInt(id, 10))
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"id":%d,"status":"NEW"}`, id)
+		err := tx.QueryRow(ctx, `INSERT INTO bench_scale_row (body) VALUES ($1) RETURNING id`, benchHTTPBody).Scan(&id)
+		return id, err
 	})))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

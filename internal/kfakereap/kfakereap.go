@@ -47,7 +47,14 @@ type member struct {
 
 type group struct {
 	settled time.Time // last SyncGroup
-	members map[string]*member
+	// oldJoinSession is the longest session timeout of the group's
+	// unnamed JoinGroups before v4: the session of a member the reaper
+	// never saw join under its id (such an old client, kafka-go's v1 and
+	// v2, is named in the answer of a request that carried no id; from v4
+	// an unnamed join is only answered MEMBER_ID_REQUIRED and the client
+	// joins again, named).
+	oldJoinSession time.Duration
+	members        map[string]*member
 }
 
 // Reaper evicts dead members kfake keeps; see the package doc.
@@ -129,11 +136,16 @@ func (r *Reaper) observe(req kmsg.Request) {
 	defer r.mu.Unlock()
 	switch q := req.(type) {
 	case *kmsg.JoinGroupRequest:
+		g := r.groupLocked(q.Group)
+		session := time.Duration(q.SessionTimeoutMillis) * time.Millisecond
 		if q.MemberID == "" {
-			return // the broker has not named it yet
+			// The broker has not named it yet.
+			if q.GetVersion() < 4 {
+				g.oldJoinSession = max(g.oldJoinSession, session)
+			}
+			return
 		}
-		m := r.seen(r.groupLocked(q.Group), q.MemberID, now)
-		m.session = time.Duration(q.SessionTimeoutMillis) * time.Millisecond
+		r.seen(g, q.MemberID, now).session = session
 	case *kmsg.SyncGroupRequest:
 		g := r.groupLocked(q.Group)
 		r.seen(g, q.MemberID, now)
@@ -214,7 +226,9 @@ func (r *Reaper) sweep(ctx context.Context) {
 // expired returns the members of the described group whose session ran
 // out: nothing from them for their session timeout since they were last
 // seen or the group last settled, whichever is later. A member never seen
-// starts its clock now and, its session timeout unknown, is never evicted.
+// starts its clock now. A member whose own session timeout is unknown (it
+// never joined under its id) gets the longest one the group's unnamed old
+// joins asked for; with none known it is never evicted.
 func (r *Reaper) expired(name string, described []kmsg.DescribeGroupsResponseGroupMember) []string {
 	now := r.now()
 	r.mu.Lock()
@@ -227,14 +241,18 @@ func (r *Reaper) expired(name string, described []kmsg.DescribeGroupsResponseGro
 			g.members[dm.MemberID] = &member{seen: now}
 			continue
 		}
-		if m.session <= 0 {
+		session := m.session
+		if session <= 0 {
+			session = g.oldJoinSession
+		}
+		if session <= 0 {
 			continue
 		}
 		since := m.seen
 		if g.settled.After(since) {
 			since = g.settled
 		}
-		if now.Sub(since) > m.session {
+		if now.Sub(since) > session {
 			out = append(out, dm.MemberID)
 		}
 	}

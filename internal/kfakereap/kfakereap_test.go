@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/internal/kfakereap"
@@ -256,6 +257,125 @@ func TestDeadMemberWithAJoinInFlightIsEvicted(t *testing.T) {
 			select {
 			case <-ctx.Done():
 				t.Fatalf("%s: the dead member %s is still in the group (state %s, members %v): kfake kept it, and the partitions it was given are fetched by nobody", p.group, p.dead, state, ids)
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// An old client (JoinGroup before v4, as kafka-go's v1 and v2) is named by
+// the broker in its join's answer: the request the reaper sees carries no
+// member id. Such a member that dies while its first JoinGroup waits is
+// evicted all the same, after the session timeout its join asked for
+// (the chaos matrix's kafka-go rows stalled on exactly that: the partitions
+// given to the dead member were fetched by nobody).
+func TestDeadOldClientWithItsFirstJoinInFlightIsEvicted(t *testing.T) {
+	t.Parallel()
+	seen := &joinSeen{waits: map[string]chan struct{}{}}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, topic), kfake.GroupMinSessionTimeout(deadSession))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.ControlKey(int16(kmsg.JoinGroup), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if q := req.(*kmsg.JoinGroupRequest); q.GetVersion() < 4 {
+			seen.saw("old:" + q.Group)
+		}
+		return nil, nil, false
+	})
+	r, err := kfakereap.Start(c, 100*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	addrs := c.ListenAddrs()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+
+	type pair struct{ group, dead, live string }
+	var groups []pair
+	for i := range attempts {
+		group := fmt.Sprintf("old%d", i)
+		lc, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(lc.Close)
+		jl, err := join(ctx, lc, group, "", liveSession)
+		if err != nil {
+			t.Fatalf("L join: %v", err)
+		}
+		if err := syncAll(ctx, lc, group, jl); err != nil {
+			t.Fatalf("L sync: %v", err)
+		}
+		// D speaks JoinGroup v3: no MEMBER_ID_REQUIRED round, its one
+		// request waits for the rebalance and carries no member id.
+		dc, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.MaxVersions(kversion.V2_1_0()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := kmsg.NewPtrJoinGroupRequest()
+		req.Group, req.ProtocolType = group, "consumer"
+		req.SessionTimeoutMillis = int32(deadSession.Milliseconds())
+		req.RebalanceTimeoutMillis = int32(deadSession.Milliseconds())
+		p := kmsg.NewJoinGroupRequestProtocol()
+		p.Name = "cooperative-sticky"
+		meta := kmsg.NewConsumerMemberMetadata()
+		meta.Topics = []string{topic}
+		p.Metadata = meta.AppendTo(nil)
+		req.Protocols = []kmsg.JoinGroupRequestProtocol{p}
+		taken := seen.wait("old:" + group)
+		held := make(chan struct{})
+		go func() {
+			defer close(held)
+			_, _ = req.RequestWith(ctx, dc) // held by the broker until D dies
+		}()
+		select {
+		case <-taken:
+		case <-ctx.Done():
+			t.Fatal("D's JoinGroup never reached the broker")
+		}
+		dc.Close() // D dies with its first JoinGroup waiting
+		<-held
+		jl2, err := join(ctx, lc, group, jl.MemberID, liveSession)
+		if err != nil {
+			t.Fatalf("L rejoin: %v", err)
+		}
+		dead := ""
+		for _, m := range jl2.Members {
+			if m.MemberID != jl.MemberID {
+				dead = m.MemberID
+			}
+		}
+		if dead == "" {
+			t.Fatalf("D is not in the completed join: %+v", jl2.Members)
+		}
+		if err := syncAll(ctx, lc, group, jl2); err != nil {
+			t.Fatalf("L sync after D: %v", err)
+		}
+		groups = append(groups, pair{group, dead, jl.MemberID})
+	}
+	for _, p := range groups {
+		for {
+			state, ids, err := members(ctx, cl, p.group)
+			if err != nil {
+				t.Fatalf("%s: describe: %v", p.group, err)
+			}
+			if !slices.Contains(ids, p.dead) {
+				if !slices.Contains(ids, p.live) {
+					t.Fatalf("%s: the live member was removed too (state %s, members %v)", p.group, state, ids)
+				}
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%s: the dead old-protocol member %s is still in the group (state %s, members %v)", p.group, p.dead, state, ids)
 			case <-time.After(50 * time.Millisecond):
 			}
 		}

@@ -600,48 +600,38 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 		consumerStage = append(consumerStage, c)
 	}
-	if roles.Relay && !bk.franz() {
-		pub, closeClient, err := bk.publisher()
-		if err != nil {
-			return err
+	if roles.Relay {
+		var pub outbox.Publisher
+		var closeBroker lifecycle.Component
+		if bk.franz() {
+			prodCl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, kafka.ProducerOpts()...)...)
+			if err != nil {
+				return fmt.Errorf("billing: kafka producer: %w", err)
+			}
+			closers = append(closers, prodCl.Close)
+			kpub, err := kafka.NewPublisher(prodCl, nil)
+			if err != nil {
+				return err
+			}
+			pub, closeBroker = kpub, lifecycle.Closer(prodCl.Close)
+		} else {
+			bpub, closeClient, err := bk.publisher()
+			if err != nil {
+				return err
+			}
+			closers = append(closers, func() { _ = closeClient.Stop(context.Background()) })
+			pub, closeBroker = bpub, closeClient
 		}
-		closers = append(closers, func() { _ = closeClient.Stop(context.Background()) })
 		if cfg.Unsafe == UnsafePublish {
 			pub = &dropOnePublisher{next: pub, log: log}
 		}
-		// The same relay as franz-go's below, with this broker's publisher:
-		// OUTBOX_MODE decides it whatever the broker (a wal instance that
-		// ran the table relay published nothing: its events are in the WAL).
-		batchTimeout := min(outbox.BatchTimeoutDefault, share(20)*3/4)
-		var loops []lifecycle.Component
-		if cfg.OutboxMode == OutboxWAL {
-			loops, err = scheduler.WAL(pool, pool.Config().ConnString(), pub, batchTimeout, outboxSlot, OutboxWALPrefix(outboxSlot), log, tele.loops())
-		} else {
-			loops, err = scheduler.New(pool, pub, batchTimeout, cfg.OutboxLeaseTTL, log, tele.loops())
-		}
-		if err != nil {
-			return err
-		}
-		relayStage = append(relayStage, loops...)
-		kafkaStage = append(kafkaStage, closeClient)
-	} else if roles.Relay {
-		prodCl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, kafka.ProducerOpts()...)...)
-		if err != nil {
-			return fmt.Errorf("billing: kafka producer: %w", err)
-		}
-		closers = append(closers, prodCl.Close)
-		kpub, err := kafka.NewPublisher(prodCl, nil)
-		if err != nil {
-			return err
-		}
-		var pub outbox.Publisher = kpub
-		if cfg.Unsafe == UnsafePublish {
-			pub = &dropOnePublisher{next: kpub, log: log}
-		}
 		// The batch in hand must finish inside the relay's stage: its
-		// timeout is below the stage's budget.
+		// timeout is below the stage's budget. OUTBOX_MODE decides the
+		// relay whatever the broker (a wal instance that ran the table
+		// relay would publish nothing: its events are in the WAL).
 		batchTimeout := min(outbox.BatchTimeoutDefault, share(20)*3/4)
 		var loops []lifecycle.Component
+		var err error
 		if cfg.OutboxMode == OutboxWAL {
 			loops, err = scheduler.WAL(pool, pool.Config().ConnString(), pub, batchTimeout, outboxSlot, OutboxWALPrefix(outboxSlot), log, tele.loops())
 		} else {
@@ -651,7 +641,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return err
 		}
 		relayStage = append(relayStage, loops...)
-		kafkaStage = append(kafkaStage, lifecycle.Closer(prodCl.Close))
+		kafkaStage = append(kafkaStage, closeBroker)
 	}
 	if roles.Charger {
 		gw, err := tele.gateway(cfg.PaymentURL, 10*time.Second)
