@@ -53,7 +53,7 @@ func init() {
 			fs.Int("seconds", 10, "measured seconds per variant, split over the rounds")
 			fs.Int("rounds", 5, "interleaved rounds: every round runs every variant once")
 			fs.Int("clients", 32, "concurrent clients")
-			fs.Bool("fiber", false, "add the http-vs-fiber comparison: plain, fiber-plain, fiber-pg, fiber-pg-replay (and postgres-replay without --store redis)")
+			fs.Bool("fiber", false, "add the http-vs-fiber comparison: plain, fiber-plain, fiber-pg, fiber-pg-replay, fiber-tx-replay (and postgres-replay without --store redis)")
 		},
 		Run: runBenchHTTP,
 	})

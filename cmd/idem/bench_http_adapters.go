@@ -29,7 +29,8 @@ const benchAdapterSummary = "gin-tx, echo-tx, fiber-tx: the framework adapters (
 
 // benchAdapterVariants are gin-tx, echo-tx, fiber-tx and fiber-own; with
 // withFiber also the Fiber side of the http-vs-fiber comparison,
-// fiber-plain, fiber-pg and fiber-pg-replay (in fiberCmp). gin and echo
+// fiber-plain, fiber-pg, fiber-pg-replay and fiber-tx-replay (in
+// fiberCmp). gin and echo
 // are served on mux, behind the same server as transactional; Fiber
 // (fasthttp) on a listener of its own. stop ends the Fiber server.
 func benchAdapterVariants(ctx context.Context, mux *http.ServeMux, pool *pgxpool.Pool, store *idempotency.PostgresStore,
@@ -135,6 +136,9 @@ func benchAdapterVariants(ctx context.Context, mux *http.ServeMux, pool *pgxpool
 			{name: "fiber-plain", op: post(fconns, "/fiber-plain/rows")},
 			{name: "fiber-pg", op: post(fconns, "/fiber-pg/rows")},
 			benchReplayVariant("fiber-pg-replay", "/fiber-pg/rows", clients, newKey, fconns),
+			// idem's replays on Fiber's HTTP stack (idemfiber, replay
+			// cache on): fiber-pg-replay's peer with the server the same.
+			benchReplayVariant("fiber-tx-replay", "/fiber/rows", clients, newKey, fconns),
 		}
 	}
 	return []benchVariant{

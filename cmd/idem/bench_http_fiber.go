@@ -22,7 +22,8 @@ const benchFiberSummary = "\nWith --fiber, the http-vs-fiber comparison in the s
 	"  no middleware, the same row), fiber-plain (a Fiber handler writing the same\n" +
 	"  row, no middleware), fiber-pg (Fiber v3's idempotency middleware over a\n" +
 	"  PostgreSQL fiber.Storage issuing the statements of gofiber/storage/postgres),\n" +
-	"  fiber-pg-replay (repeats of completed keys through it) and postgres-replay\n" +
+	"  fiber-pg-replay (repeats of completed keys through it), fiber-tx-replay\n" +
+	"  (idemfiber's replays, the same stack as fiber-pg-replay) and postgres-replay\n" +
 	"  (idem's replays with the in-process replay cache off); the log prints\n" +
 	"  (transactional/plain)/(fiber-pg/fiber-plain), target 1.5, and\n" +
 	"  (replay/plain)/(fiber-pg-replay/fiber-plain), target 2.5."
@@ -183,7 +184,7 @@ func benchReplayVariant(name, path string, clients int, newKey func() string, co
 
 // benchFiberRatios reports the two comparison ratios of --fiber, each
 // side's cost measured against its own plain handler, and sets fiber-pg's
-// and fiber-pg-replay's Ratio to fiber-plain.
+// fiber-pg-replay's and fiber-tx-replay's Ratio to fiber-plain.
 func benchFiberRatios(log io.Writer, results []benchResult) {
 	by := map[string]*benchResult{}
 	for i := range results {
@@ -199,7 +200,7 @@ func benchFiberRatios(log io.Writer, results []benchResult) {
 	if plain <= 0 || fplain <= 0 {
 		return
 	}
-	for _, name := range []string{"fiber-pg", "fiber-pg-replay"} {
+	for _, name := range []string{"fiber-pg", "fiber-pg-replay", "fiber-tx-replay"} {
 		if r := by[name]; r != nil {
 			r.Ratio = r.OpsPerSec / fplain
 		}
@@ -220,6 +221,12 @@ func benchFiberRatios(log io.Writer, results []benchResult) {
 	}
 	line("fresh", "transactional", "fiber-pg", 1.5)
 	line("replay", "replay", "fiber-pg-replay", 2.5)
+	// The same HTTP stack (fasthttp) on both sides: idemfiber's fresh
+	// requests and replays against Fiber's middleware. Reported, no target.
+	if ops("fiber-tx") > 0 && ops("fiber-pg") > 0 && ops("fiber-tx-replay") > 0 && ops("fiber-pg-replay") > 0 {
+		fmt.Fprintf(log, "http: on Fiber's stack: fiber-tx/fiber-pg = %.2f, fiber-tx-replay/fiber-pg-replay = %.2f (reported)\n",
+			ops("fiber-tx")/ops("fiber-pg"), ops("fiber-tx-replay")/ops("fiber-pg-replay"))
+	}
 	// The replay cache off: every idem replay reads PostgreSQL, as every
 	// Fiber replay does. Reported, no target.
 	if ops("postgres-replay") > 0 && ops("fiber-pg-replay") > 0 {

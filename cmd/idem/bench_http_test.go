@@ -23,10 +23,11 @@ func TestBenchHTTP(t *testing.T) {
 func TestBenchHTTPFiber(t *testing.T) {
 	t.Parallel()
 	log := benchHTTP(t, "postgres", true, []string{"sql-two-step", "two-step", "transactional", "sql-transactional", "replay", "two-step-traced",
-		"gin-tx", "echo-tx", "fiber-tx", "fiber-own", "plain", "fiber-plain", "fiber-pg", "fiber-pg-replay", "postgres-replay"})
+		"gin-tx", "echo-tx", "fiber-tx", "fiber-own", "plain", "fiber-plain", "fiber-pg", "fiber-pg-replay", "fiber-tx-replay", "postgres-replay"})
 	for _, want := range []string{
 		"http: fresh vs fiber: (transactional/plain) / (fiber-pg/fiber-plain) = ",
 		"http: replay vs fiber: (replay/plain) / (fiber-pg-replay/fiber-plain) = ",
+		"http: on Fiber's stack: fiber-tx/fiber-pg = ",
 		"http: replay (cache off) vs fiber: (postgres-replay/plain) / (fiber-pg-replay/fiber-plain) = ",
 	} {
 		if !strings.Contains(log, want) {
