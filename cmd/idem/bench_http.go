@@ -47,12 +47,13 @@ func init() {
 			"  same two-step middleware and handler (its row still in PostgreSQL) over the\n" +
 			"  Redis store; postgres-replay and redis-replay, replays with the in-process\n" +
 			"  replay cache off, so that each reads its store (replay measures the cache).\n" +
-			"  Redis keys under {idembench-RUN}:, expiring after 10 min.\n" + benchAdapterSummary,
+			"  Redis keys under {idembench-RUN}:, expiring after 10 min.\n" + benchAdapterSummary + benchFiberSummary,
 		Flags: func(fs *benchFlags) {
 			fs.String("store", "postgres", "postgres (the variants above only), or redis / a redis:// URL: add the Redis store's variants")
 			fs.Int("seconds", 10, "measured seconds per variant, split over the rounds")
 			fs.Int("rounds", 5, "interleaved rounds: every round runs every variant once")
 			fs.Int("clients", 32, "concurrent clients")
+			fs.Bool("fiber", false, "add the http-vs-fiber comparison: plain, fiber-plain, fiber-pg, fiber-pg-replay, fiber-tx-replay (and postgres-replay without --store redis)")
 		},
 		Run: runBenchHTTP,
 	})
@@ -76,6 +77,7 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		return nil, cli.Usagef("--clients must be at least 1")
 	}
 	dur := time.Duration(seconds) * time.Second
+	withFiber := env.Bools["fiber"] != nil && *env.Bools["fiber"]
 	storeSpec := *env.Strings["store"]
 	withRedis := storeSpec == "redis" || redisstore.IsURL(storeSpec)
 	if !withRedis && storeSpec != "postgres" {
@@ -261,12 +263,35 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 		}
 		variants = append(variants, rv...)
 	}
-	av, stopAdapters, err := benchAdapterVariants(ctx, mux, pool, store, scope, newKey, clients, conns)
+	if withFiber {
+		// plain: the same handler and row, no middleware, the baseline of
+		// idem's side of the comparison.
+		mux.Handle("POST /plain/rows", handler(false))
+		if !withRedis {
+			// postgres-replay, as with --store redis: replays that read
+			// PostgreSQL, as every Fiber replay does.
+			mw, err := idempotency.New(store, &idempotency.Config{Scope: scope, Retention: 10 * time.Minute, ReplayCacheBytes: -1})
+			if err != nil {
+				return nil, err
+			}
+			mux.Handle("POST /pg-nocache/rows", mw.Wrap(handler(false)))
+		}
+	}
+	av, fv, stopAdapters, err := benchAdapterVariants(ctx, mux, pool, store, scope, newKey, clients, conns, withFiber)
 	if err != nil {
 		return nil, err
 	}
 	defer stopAdapters()
 	variants = append(variants, av...)
+	if withFiber {
+		variants = append(variants, benchVariant{name: "plain", op: func(ctx context.Context) error {
+			return send(ctx, "/plain/rows", newKey(), http.StatusCreated)
+		}})
+		variants = append(variants, fv...)
+		if !withRedis {
+			variants = append(variants, benchReplayVariant("postgres-replay", "/pg-nocache/rows", clients, newKey, conns))
+		}
+	}
 
 	// The machine is shared: background load drifts. So the variants run
 	// interleaved, in rounds, each round giving every variant an equal
@@ -313,6 +338,7 @@ func runBenchHTTP(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	}
 	benchSQLTransactionalRatio(env.Log, byName)
 	benchAdapterRatios(env.Log, results)
+	benchFiberRatios(env.Log, results)
 	return results, nil
 }
 
@@ -377,33 +403,12 @@ func benchRedisVariants(rs idempotency.Store, clients int, mux *http.ServeMux, h
 		}
 		mux.Handle("POST "+m.path, mw.Wrap(h))
 	}
-	replayOf := func(name, path string) benchVariant {
-		const replayKeys = 1000
-		replay := make([]string, replayKeys)
-		var next atomic.Int64
-		return benchVariant{name: name, prep: func(ctx context.Context) error {
-			var wg sync.WaitGroup
-			errs := make([]error, clients)
-			for c := range clients {
-				wg.Go(func() {
-					for i := c; i < replayKeys && errs[c] == nil; i += clients {
-						replay[i] = newKey()
-						errs[c] = conns.post(ctx, path, replay[i], http.StatusCreated)
-					}
-				})
-			}
-			wg.Wait()
-			return errors.Join(errs...)
-		}, op: func(ctx context.Context) error {
-			return conns.post(ctx, path, replay[next.Add(1)%replayKeys], http.StatusCreated)
-		}}
-	}
 	return []benchVariant{
 		{name: "redis-two-step", op: func(ctx context.Context) error {
 			return conns.post(ctx, "/redis/rows", newKey(), http.StatusCreated)
 		}},
-		replayOf("postgres-replay", "/pg-nocache/rows"),
-		replayOf("redis-replay", "/redis-nocache/rows"),
+		benchReplayVariant("postgres-replay", "/pg-nocache/rows", clients, newKey, conns),
+		benchReplayVariant("redis-replay", "/redis-nocache/rows", clients, newKey, conns),
 	}, nil
 }
 

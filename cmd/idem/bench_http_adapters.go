@@ -27,14 +27,18 @@ const benchAdapterSummary = "gin-tx, echo-tx, fiber-tx: the framework adapters (
 	"  Fiber v3's own idempotency middleware (its memory storage and lock), the\n" +
 	"  handler writing the same row through the pool, and the ratio fiber-tx/fiber-own."
 
-// benchAdapterVariants are gin-tx, echo-tx, fiber-tx and fiber-own. gin
-// and echo are served on mux, behind the same server as transactional;
-// Fiber (fasthttp) on a listener of its own. stop ends the Fiber server.
+// benchAdapterVariants are gin-tx, echo-tx, fiber-tx and fiber-own; with
+// withFiber also the Fiber side of the http-vs-fiber comparison,
+// fiber-plain, fiber-pg, fiber-pg-replay and fiber-tx-replay (in
+// fiberCmp). gin and echo
+// are served on mux, behind the same server as transactional; Fiber
+// (fasthttp) on a listener of its own. stop ends the Fiber server.
 func benchAdapterVariants(ctx context.Context, mux *http.ServeMux, pool *pgxpool.Pool, store *idempotency.PostgresStore,
-	scope func(*http.Request) (string, error), newKey func() string, clients int, conns *benchConns) (variants []benchVariant, stop func(), err error) {
+	scope func(*http.Request) (string, error), newKey func() string, clients int, conns *benchConns,
+	withFiber bool) (variants, fiberCmp []benchVariant, stop func(), err error) {
 	mw, err := idempotency.New(store, &idempotency.Config{Scope: scope, Mode: idempotency.ModeTransactional})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	const insert = `INSERT INTO bench_http_row (body) VALUES ($1) RETURNING id`
 	// row writes the handler's row through the request's transaction.
@@ -78,7 +82,7 @@ func benchAdapterVariants(ctx context.Context, mux *http.ServeMux, pool *pgxpool
 
 	guard, err := idemfiber.New(mw, &idemfiber.Config{Scope: func(c fiber.Ctx) (string, error) { return c.Get("X-User"), nil }})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	app := fiber.New()
 	app.Post("/fiber/rows", guard, func(c fiber.Ctx) error {
@@ -104,9 +108,14 @@ func benchAdapterVariants(ctx context.Context, mux *http.ServeMux, pool *pgxpool
 		c.Set("Content-Type", "application/json")
 		return c.Status(http.StatusCreated).SendString(answer(id))
 	})
+	if withFiber {
+		if err := benchFiberRoutes(ctx, app, pool); err != nil {
+			return nil, nil, nil, err
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	done := make(chan struct{})
 	go func() {
@@ -122,12 +131,22 @@ func benchAdapterVariants(ctx context.Context, mux *http.ServeMux, pool *pgxpool
 	post := func(c *benchConns, path string) func(context.Context) error {
 		return func(ctx context.Context) error { return c.post(ctx, path, newKey(), http.StatusCreated) }
 	}
+	if withFiber {
+		fiberCmp = []benchVariant{
+			{name: "fiber-plain", op: post(fconns, "/fiber-plain/rows")},
+			{name: "fiber-pg", op: post(fconns, "/fiber-pg/rows")},
+			benchReplayVariant("fiber-pg-replay", "/fiber-pg/rows", clients, newKey, fconns),
+			// idem's replays on Fiber's HTTP stack (idemfiber, replay
+			// cache on): fiber-pg-replay's peer with the server the same.
+			benchReplayVariant("fiber-tx-replay", "/fiber/rows", clients, newKey, fconns),
+		}
+	}
 	return []benchVariant{
 		{name: "gin-tx", op: post(conns, "/gin/rows")},
 		{name: "echo-tx", op: post(conns, "/echo/rows")},
 		{name: "fiber-tx", op: post(fconns, "/fiber/rows")},
 		{name: "fiber-own", op: post(fconns, "/own/rows")},
-	}, stop, nil
+	}, fiberCmp, stop, nil
 }
 
 // benchAdapterRatios sets each adapter's Ratio to transactional (fiber-own's

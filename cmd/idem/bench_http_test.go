@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"strings"
 	"testing"
 
@@ -16,14 +15,32 @@ import (
 // benchmark run, not for tests.
 func TestBenchHTTP(t *testing.T) {
 	t.Parallel()
-	benchHTTP(t, "postgres", []string{"sql-two-step", "two-step", "transactional", "sql-transactional", "replay", "two-step-traced", "gin-tx", "echo-tx", "fiber-tx", "fiber-own"})
+	benchHTTP(t, "postgres", false, []string{"sql-two-step", "two-step", "transactional", "sql-transactional", "replay", "two-step-traced", "gin-tx", "echo-tx", "fiber-tx", "fiber-own"})
+}
+
+// TestBenchHTTPFiber: --fiber adds the http-vs-fiber comparison's results
+// in the same run and logs its two ratio lines (and the cache-off one).
+func TestBenchHTTPFiber(t *testing.T) {
+	t.Parallel()
+	log := benchHTTP(t, "postgres", true, []string{"sql-two-step", "two-step", "transactional", "sql-transactional", "replay", "two-step-traced",
+		"gin-tx", "echo-tx", "fiber-tx", "fiber-own", "plain", "fiber-plain", "fiber-pg", "fiber-pg-replay", "fiber-tx-replay", "postgres-replay"})
+	for _, want := range []string{
+		"http: fresh vs fiber: (transactional/plain) / (fiber-pg/fiber-plain) = ",
+		"http: replay vs fiber: (replay/plain) / (fiber-pg-replay/fiber-plain) = ",
+		"http: on Fiber's stack: fiber-tx/fiber-pg = ",
+		"http: replay (cache off) vs fiber: (postgres-replay/plain) / (fiber-pg-replay/fiber-plain) = ",
+	} {
+		if !strings.Contains(log, want) {
+			t.Errorf("log lacks %q:\n%s", want, log)
+		}
+	}
 }
 
 // TestBenchHTTPRedis: --store with a redis:// URL adds redis-two-step and
 // redis-replay, measured in the same run.
 func TestBenchHTTPRedis(t *testing.T) {
 	t.Parallel()
-	benchHTTP(t, redisTestURL(t), []string{"sql-two-step", "two-step", "transactional", "sql-transactional", "replay", "two-step-traced", "redis-two-step", "postgres-replay", "redis-replay", "gin-tx", "echo-tx", "fiber-tx", "fiber-own"})
+	benchHTTP(t, redisTestURL(t), false, []string{"sql-two-step", "two-step", "transactional", "sql-transactional", "replay", "two-step-traced", "redis-two-step", "postgres-replay", "redis-replay", "gin-tx", "echo-tx", "fiber-tx", "fiber-own"})
 }
 
 func TestBenchHTTPBadStore(t *testing.T) {
@@ -45,16 +62,19 @@ func TestBenchHTTPBadStore(t *testing.T) {
 	}
 }
 
-func benchHTTP(t *testing.T, store string, want []string) {
+// benchHTTP runs bench http briefly, checks its results are want, all
+// measured, and returns its log.
+func benchHTTP(t *testing.T, store string, fiber bool, want []string) string {
 	t.Helper()
 	sc := benchScenarios["http"]
 	if sc == nil {
 		t.Fatal("bench scenario http not registered")
 	}
 	seconds, clients, rounds := 1, 4, 1
-	env := &benchEnv{DatabaseURL: testdb.URL(), Log: io.Discard, Ints: map[string]*int{
+	var log syncBuffer // the Redis store's logger writes from its own goroutines
+	env := &benchEnv{DatabaseURL: testdb.URL(), Log: &log, Ints: map[string]*int{
 		"seconds": &seconds, "clients": &clients, "rounds": &rounds,
-	}, Strings: map[string]*string{"store": &store}}
+	}, Strings: map[string]*string{"store": &store}, Bools: map[string]*bool{"fiber": &fiber}}
 	objs, allocBytes := benchMemStart()
 	results, err := sc.Run(context.Background(), env)
 	if err != nil {
@@ -98,4 +118,5 @@ func benchHTTP(t *testing.T, store string, want []string) {
 	if got.Memory.PeakRSSBytes < 1<<20 || got.Memory.AllocsPerOp < 1 {
 		t.Fatalf("memory %+v, want a peak RSS and allocations per operation", got.Memory)
 	}
+	return log.String()
 }
