@@ -57,6 +57,9 @@ func runBenchGRPC(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	// One connection per client, as bench http: a transactional call holds
 	// its connection for the whole handler.
 	pcfg.MaxConns, pcfg.MinConns = int32(clients), int32(clients)
+	// Named, so that the CPU meter finds the pool's backends.
+	appName := "idem-bench-grpc-" + uniqueRun()
+	pcfg.ConnConfig.RuntimeParams["application_name"] = appName
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("pool: %w", err)
@@ -125,7 +128,8 @@ func runBenchGRPC(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 			return invoke(ctx, guarded, "replay-"+run+"-"+strconv.Itoa(rand.IntN(replayKeys)))
 		}},
 	}
-	results, err := runBenchVariants(ctx, env, "grpc", variants, seconds, rounds, clients)
+	meter := func() *cpuMeter { return newCPUMeter(ctx, pool, appName) }
+	results, err := runBenchVariants(ctx, env, "grpc", variants, seconds, rounds, clients, meter)
 	if err != nil {
 		return nil, err
 	}
@@ -158,8 +162,10 @@ func benchGRPCServer(svc *testsvc.Service, opts ...grpc.ServerOption) (*grpc.Cli
 
 // runBenchVariants runs variants interleaved in rounds, as bench http
 // does (a drift of the shared machine hits every variant alike), and
-// returns their results in order.
-func runBenchVariants(ctx context.Context, env *benchEnv, scenario string, variants []benchVariant, seconds, rounds, clients int) ([]benchResult, error) {
+// returns their results in order. newMeter, when not nil, is called once
+// the variants are prepared (the pool full): the log then says each
+// variant's CPU per operation, here and in the pool's backends.
+func runBenchVariants(ctx context.Context, env *benchEnv, scenario string, variants []benchVariant, seconds, rounds, clients int, newMeter func() *cpuMeter) ([]benchResult, error) {
 	for _, v := range variants {
 		if v.prep != nil {
 			if err := v.prep(ctx); err != nil {
@@ -169,6 +175,13 @@ func runBenchVariants(ctx context.Context, env *benchEnv, scenario string, varia
 	}
 	slice := time.Duration(seconds) * time.Second / time.Duration(rounds)
 	samples := make([]benchSamples, len(variants))
+	var meter *cpuMeter
+	if newMeter != nil {
+		meter = newMeter()
+		for i := range samples {
+			samples[i].meter = meter
+		}
+	}
 	for round := range rounds {
 		for i, v := range variants {
 			warm := 200 * time.Millisecond
@@ -184,6 +197,11 @@ func runBenchVariants(ctx context.Context, env *benchEnv, scenario string, varia
 	for i, v := range variants {
 		results[i] = samples[i].result(v.name)
 		fmt.Fprintf(env.Log, "%s: %s: %.0f ops/s, p50 %.2f ms, p99 %.2f ms\n", scenario, v.name, results[i].OpsPerSec, results[i].P50Ms, results[i].P99Ms)
+		if s := samples[i]; s.cpuSelf > 0 && len(s.lat) > 0 {
+			n := float64(len(s.lat))
+			fmt.Fprintf(env.Log, "%s: %s: CPU per op %.0f µs in this process (server and clients), %.0f µs in the pool's %d PostgreSQL backends\n",
+				scenario, v.name, float64(s.cpuSelf.Microseconds())/n, float64(s.cpuDB.Microseconds())/n, len(meter.backends))
+		}
 	}
 	return results, nil
 }

@@ -417,6 +417,10 @@ func uniqueRun() string {
 type benchSamples struct {
 	lat     []time.Duration
 	elapsed time.Duration
+	// meter, when set, is read as the measured part of each load begins
+	// and ends; cpuSelf and cpuDB add up the differences.
+	meter          *cpuMeter
+	cpuSelf, cpuDB time.Duration
 }
 
 func (s *benchSamples) result(name string) benchResult {
@@ -467,11 +471,20 @@ func benchLoad(ctx context.Context, clients int, warm, dur time.Duration, op fun
 		}
 	}
 	sleep(warm)
+	var self0, db0 time.Duration
+	if into.meter != nil {
+		self0, db0 = into.meter.read()
+	}
 	measuring.Store(true)
 	start := time.Now()
 	sleep(dur)
 	measuring.Store(false)
 	elapsed := time.Since(start)
+	if into.meter != nil {
+		self1, db1 := into.meter.read()
+		into.cpuSelf += self1 - self0
+		into.cpuDB += db1 - db0
+	}
 	stop.Store(true)
 	wg.Wait()
 	if first != nil {
