@@ -16,12 +16,15 @@ import (
 // ratios follow CPU per operation. It reads zero where /proc is missing
 // (not Linux) and for the backends when PostgreSQL runs on another host
 // or as a user whose /proc entries are hidden.
-type cpuMeter struct{ backends []int }
+type cpuMeter struct {
+	backends []int
+	pool     *pgxpool.Pool
+}
 
 // newCPUMeter finds the backends of pool by its application_name (set by
 // the caller to one unique to the run). An error leaves the backends out.
 func newCPUMeter(ctx context.Context, pool *pgxpool.Pool, appName string) *cpuMeter {
-	m := &cpuMeter{}
+	m := &cpuMeter{pool: pool}
 	rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, appName)
 	if err != nil {
 		return m
@@ -37,13 +40,18 @@ func newCPUMeter(ctx context.Context, pool *pgxpool.Pool, appName string) *cpuMe
 }
 
 // read returns the CPU time so far of this process and the sum over the
-// backends.
-func (m *cpuMeter) read() (self, backends time.Duration) {
+// backends, and the pool's acquires so far and those of them that waited
+// for a connection (none idle).
+func (m *cpuMeter) read() (self, backends time.Duration, acquires, waited int64) {
 	self = procCPU("/proc/self/stat")
 	for _, pid := range m.backends {
 		backends += procCPU("/proc/" + strconv.Itoa(pid) + "/stat")
 	}
-	return self, backends
+	if m.pool != nil {
+		st := m.pool.Stat()
+		acquires, waited = st.AcquireCount(), st.EmptyAcquireCount()
+	}
+	return self, backends, acquires, waited
 }
 
 // procCPU is utime + stime of a /proc/<pid>/stat file, in clock ticks of

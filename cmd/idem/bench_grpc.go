@@ -35,6 +35,7 @@ func init() {
 			fs.Int("seconds", 10, "measured seconds per variant, split over the rounds")
 			fs.Int("rounds", 5, "interleaved rounds: every round runs every variant once")
 			fs.Int("clients", 32, "concurrent clients")
+			fs.Int("conns", 0, "pool connections, shared by every variant (0: one per client, so no call waits for a connection)")
 		},
 		Run: runBenchGRPC,
 	})
@@ -45,6 +46,13 @@ func runBenchGRPC(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	if rounds < 1 || seconds < 1 || clients < 1 {
 		return nil, cli.Usagef("--seconds, --rounds and --clients must be at least 1")
 	}
+	conns := clients
+	if p := env.Ints["conns"]; p != nil && *p != 0 {
+		conns = *p
+	}
+	if conns < 1 {
+		return nil, cli.Usagef("--conns must be at least 1 (or 0: one per client)")
+	}
 	urls, drop, err := scratchSchemas(ctx, env.DatabaseURL, "bench_grpc", 1, nil)
 	if err != nil {
 		return nil, err
@@ -54,9 +62,13 @@ func runBenchGRPC(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	if err != nil {
 		return nil, cli.Usagef("database URL is malformed")
 	}
-	// One connection per client, as bench http: a transactional call holds
-	// its connection for the whole handler.
-	pcfg.MaxConns, pcfg.MinConns = int32(clients), int32(clients)
+	// One connection per client by default, as bench http: a
+	// transactional call holds its connection for the whole call (three
+	// round trips) where grpc-plain holds one for its one INSERT, so a
+	// pool smaller than the clients (pgxpool's default is max(4, NumCPU))
+	// makes grpc-tx queue for connections and measures the pool, not the
+	// interceptor.
+	pcfg.MaxConns, pcfg.MinConns = int32(conns), int32(conns)
 	// Named, so that the CPU meter finds the pool's backends.
 	appName := "idem-bench-grpc-" + uniqueRun()
 	pcfg.ConnConfig.RuntimeParams["application_name"] = appName
@@ -67,6 +79,22 @@ func runBenchGRPC(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	defer pool.Close()
 	if _, err := migrate.Up(ctx, pool); err != nil {
 		return nil, fmt.Errorf("migrate scratch schema: %w", err)
+	}
+	// Open every connection now, so that no measured call waits for a
+	// dial and the CPU meter finds every backend.
+	held := make([]*pgxpool.Conn, 0, conns)
+	for range conns {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			for _, h := range held {
+				h.Release()
+			}
+			return nil, fmt.Errorf("pool: %w", err)
+		}
+		held = append(held, c)
+	}
+	for _, h := range held {
+		h.Release()
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE bench_grpc_row (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, body text NOT NULL)`); err != nil {
 		return nil, err
@@ -199,8 +227,8 @@ func runBenchVariants(ctx context.Context, env *benchEnv, scenario string, varia
 		fmt.Fprintf(env.Log, "%s: %s: %.0f ops/s, p50 %.2f ms, p99 %.2f ms\n", scenario, v.name, results[i].OpsPerSec, results[i].P50Ms, results[i].P99Ms)
 		if s := samples[i]; s.cpuSelf > 0 && len(s.lat) > 0 {
 			n := float64(len(s.lat))
-			fmt.Fprintf(env.Log, "%s: %s: CPU per op %.0f µs in this process (server and clients), %.0f µs in the pool's %d PostgreSQL backends\n",
-				scenario, v.name, float64(s.cpuSelf.Microseconds())/n, float64(s.cpuDB.Microseconds())/n, len(meter.backends))
+			fmt.Fprintf(env.Log, "%s: %s: CPU per op %.0f µs in this process (server and clients), %.0f µs in the pool's %d PostgreSQL backends; %d of %d pool acquires waited for a connection\n",
+				scenario, v.name, float64(s.cpuSelf.Microseconds())/n, float64(s.cpuDB.Microseconds())/n, len(meter.backends), s.waited, s.acquires)
 		}
 	}
 	return results, nil

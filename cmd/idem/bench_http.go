@@ -418,9 +418,11 @@ type benchSamples struct {
 	lat     []time.Duration
 	elapsed time.Duration
 	// meter, when set, is read as the measured part of each load begins
-	// and ends; cpuSelf and cpuDB add up the differences.
-	meter          *cpuMeter
-	cpuSelf, cpuDB time.Duration
+	// and ends; cpuSelf, cpuDB, acquires and waited add up the
+	// differences.
+	meter            *cpuMeter
+	cpuSelf, cpuDB   time.Duration
+	acquires, waited int64
 }
 
 func (s *benchSamples) result(name string) benchResult {
@@ -472,8 +474,9 @@ func benchLoad(ctx context.Context, clients int, warm, dur time.Duration, op fun
 	}
 	sleep(warm)
 	var self0, db0 time.Duration
+	var acq0, wait0 int64
 	if into.meter != nil {
-		self0, db0 = into.meter.read()
+		self0, db0, acq0, wait0 = into.meter.read()
 	}
 	measuring.Store(true)
 	start := time.Now()
@@ -481,9 +484,11 @@ func benchLoad(ctx context.Context, clients int, warm, dur time.Duration, op fun
 	measuring.Store(false)
 	elapsed := time.Since(start)
 	if into.meter != nil {
-		self1, db1 := into.meter.read()
+		self1, db1, acq1, wait1 := into.meter.read()
 		into.cpuSelf += self1 - self0
 		into.cpuDB += db1 - db0
+		into.acquires += acq1 - acq0
+		into.waited += wait1 - wait0
 	}
 	stop.Store(true)
 	wg.Wait()
