@@ -54,9 +54,8 @@ func (m *cpuMeter) read() (self, backends time.Duration, acquires, waited int64)
 	return self, backends, acquires, waited
 }
 
-// procCPU is utime + stime of a /proc/<pid>/stat file, in clock ticks of
-// 1/100 s (USER_HZ on every Linux architecture Go supports but alpha and
-// ia64); zero when it cannot be read.
+// procCPU is utime + stime of a /proc/<pid>/stat file, whose clock ticks
+// are USER_HZ, 1/100 s on Linux; zero when it cannot be read.
 func procCPU(path string) time.Duration {
 	b, err := os.ReadFile(path)
 	if err != nil {

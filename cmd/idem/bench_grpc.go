@@ -64,10 +64,11 @@ func runBenchGRPC(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	}
 	// One connection per client by default, as bench http: a
 	// transactional call holds its connection for the whole call (three
-	// round trips) where grpc-plain holds one for its one INSERT, so a
+	// round trips) where grpc-plain holds one for its one INSERT, and a
 	// pool smaller than the clients (pgxpool's default is max(4, NumCPU))
-	// makes grpc-tx queue for connections and measures the pool, not the
-	// interceptor.
+	// makes both queue for connections: it measures the pool, not the
+	// interceptor (4 connections throttle grpc-plain the most, which
+	// flatters the ratio; see docs/benchmarks.md).
 	pcfg.MaxConns, pcfg.MinConns = int32(conns), int32(conns)
 	// Named, so that the CPU meter finds the pool's backends.
 	appName := "idem-bench-grpc-" + uniqueRun()
