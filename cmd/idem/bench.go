@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strings"
@@ -111,6 +112,7 @@ func runBench(ctx context.Context, args []string) error {
 	fs := cli.FlagSet("bench "+sc.Name, "Usage: idem bench "+sc.Name+" [flags]\n\n"+sc.Summary)
 	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
 	dbURL := fs.String("database-url", cli.DatabaseURL(), "PostgreSQL URL")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (subject and load generator) to this file, for go tool pprof")
 	bf := &benchFlags{
 		ints: map[string]*int{}, add: func(name string, def int, usage string) *int { return fs.Int(name, def, usage) },
 		strs: map[string]*string{}, addStr: func(name, def, usage string) *string { return fs.String(name, def, usage) },
@@ -127,6 +129,17 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	objs, bytes := benchMemStart()
 	results, err := sc.Run(ctx, &benchEnv{DatabaseURL: *dbURL, Log: os.Stderr, Ints: bf.ints, Strings: bf.strs, Bools: bf.bools, Set: set})
 	if err != nil {

@@ -35,6 +35,7 @@ func init() {
 			fs.Int("seconds", 10, "measured seconds per variant, split over the rounds")
 			fs.Int("rounds", 5, "interleaved rounds: every round runs every variant once")
 			fs.Int("clients", 32, "concurrent clients")
+			fs.Int("conns", 0, "pool connections, shared by every variant (0: one per client, so no call waits for a connection)")
 		},
 		Run: runBenchGRPC,
 	})
@@ -45,6 +46,13 @@ func runBenchGRPC(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	if rounds < 1 || seconds < 1 || clients < 1 {
 		return nil, cli.Usagef("--seconds, --rounds and --clients must be at least 1")
 	}
+	conns := clients
+	if p := env.Ints["conns"]; p != nil && *p != 0 {
+		conns = *p
+	}
+	if conns < 1 {
+		return nil, cli.Usagef("--conns must be at least 1 (or 0: one per client)")
+	}
 	urls, drop, err := scratchSchemas(ctx, env.DatabaseURL, "bench_grpc", 1, nil)
 	if err != nil {
 		return nil, err
@@ -54,9 +62,17 @@ func runBenchGRPC(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	if err != nil {
 		return nil, cli.Usagef("database URL is malformed")
 	}
-	// One connection per client, as bench http: a transactional call holds
-	// its connection for the whole handler.
-	pcfg.MaxConns, pcfg.MinConns = int32(clients), int32(clients)
+	// One connection per client by default, as bench http: a
+	// transactional call holds its connection for the whole call (three
+	// round trips) where grpc-plain holds one for its one INSERT, and a
+	// pool smaller than the clients (pgxpool's default is max(4, NumCPU))
+	// makes both queue for connections: it measures the pool, not the
+	// interceptor (4 connections throttle grpc-plain the most, which
+	// flatters the ratio; see docs/benchmarks.md).
+	pcfg.MaxConns, pcfg.MinConns = int32(conns), int32(conns)
+	// Named, so that the CPU meter finds the pool's backends.
+	appName := "idem-bench-grpc-" + uniqueRun()
+	pcfg.ConnConfig.RuntimeParams["application_name"] = appName
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("pool: %w", err)
@@ -64,6 +80,22 @@ func runBenchGRPC(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 	defer pool.Close()
 	if _, err := migrate.Up(ctx, pool); err != nil {
 		return nil, fmt.Errorf("migrate scratch schema: %w", err)
+	}
+	// Open every connection now, so that no measured call waits for a
+	// dial and the CPU meter finds every backend.
+	held := make([]*pgxpool.Conn, 0, conns)
+	for range conns {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			for _, h := range held {
+				h.Release()
+			}
+			return nil, fmt.Errorf("pool: %w", err)
+		}
+		held = append(held, c)
+	}
+	for _, h := range held {
+		h.Release()
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE bench_grpc_row (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, body text NOT NULL)`); err != nil {
 		return nil, err
@@ -125,7 +157,8 @@ func runBenchGRPC(ctx context.Context, env *benchEnv) ([]benchResult, error) {
 			return invoke(ctx, guarded, "replay-"+run+"-"+strconv.Itoa(rand.IntN(replayKeys)))
 		}},
 	}
-	results, err := runBenchVariants(ctx, env, "grpc", variants, seconds, rounds, clients)
+	meter := func() *cpuMeter { return newCPUMeter(ctx, pool, appName) }
+	results, err := runBenchVariants(ctx, env, "grpc", variants, seconds, rounds, clients, meter)
 	if err != nil {
 		return nil, err
 	}
@@ -158,8 +191,10 @@ func benchGRPCServer(svc *testsvc.Service, opts ...grpc.ServerOption) (*grpc.Cli
 
 // runBenchVariants runs variants interleaved in rounds, as bench http
 // does (a drift of the shared machine hits every variant alike), and
-// returns their results in order.
-func runBenchVariants(ctx context.Context, env *benchEnv, scenario string, variants []benchVariant, seconds, rounds, clients int) ([]benchResult, error) {
+// returns their results in order. newMeter, when not nil, is called once
+// the variants are prepared (the pool full): the log then says each
+// variant's CPU per operation, here and in the pool's backends.
+func runBenchVariants(ctx context.Context, env *benchEnv, scenario string, variants []benchVariant, seconds, rounds, clients int, newMeter func() *cpuMeter) ([]benchResult, error) {
 	for _, v := range variants {
 		if v.prep != nil {
 			if err := v.prep(ctx); err != nil {
@@ -169,6 +204,13 @@ func runBenchVariants(ctx context.Context, env *benchEnv, scenario string, varia
 	}
 	slice := time.Duration(seconds) * time.Second / time.Duration(rounds)
 	samples := make([]benchSamples, len(variants))
+	var meter *cpuMeter
+	if newMeter != nil {
+		meter = newMeter()
+		for i := range samples {
+			samples[i].meter = meter
+		}
+	}
 	for round := range rounds {
 		for i, v := range variants {
 			warm := 200 * time.Millisecond
@@ -184,6 +226,11 @@ func runBenchVariants(ctx context.Context, env *benchEnv, scenario string, varia
 	for i, v := range variants {
 		results[i] = samples[i].result(v.name)
 		fmt.Fprintf(env.Log, "%s: %s: %.0f ops/s, p50 %.2f ms, p99 %.2f ms\n", scenario, v.name, results[i].OpsPerSec, results[i].P50Ms, results[i].P99Ms)
+		if s := samples[i]; s.cpuSelf > 0 && len(s.lat) > 0 {
+			n := float64(len(s.lat))
+			fmt.Fprintf(env.Log, "%s: %s: CPU per op %.0f µs in this process (server and clients), %.0f µs in the pool's %d PostgreSQL backends; %d of %d pool acquires waited for a connection\n",
+				scenario, v.name, float64(s.cpuSelf.Microseconds())/n, float64(s.cpuDB.Microseconds())/n, len(meter.backends), s.waited, s.acquires)
+		}
 	}
 	return results, nil
 }

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
+	"regexp"
 	"testing"
 
 	"github.com/idemkit/idem/internal/testdb"
@@ -12,7 +12,9 @@ import (
 
 // TestBenchGRPC runs `idem bench grpc` briefly against the test server and
 // checks the contract: the three result names in order, every variant
-// measured, grpc-tx's ratio over grpc-plain reported. No speed is checked.
+// measured, grpc-tx's ratio over grpc-plain reported, and on the log each
+// variant's CPU per op with no pool acquire waiting for a connection (the
+// pool has one per client). No speed is checked.
 func TestBenchGRPC(t *testing.T) {
 	t.Parallel()
 	sc := benchScenarios["grpc"]
@@ -20,7 +22,8 @@ func TestBenchGRPC(t *testing.T) {
 		t.Fatal("bench scenario grpc not registered")
 	}
 	seconds, clients, rounds := 1, 4, 1
-	env := &benchEnv{DatabaseURL: testdb.URL(), Log: io.Discard, Ints: map[string]*int{
+	var log bytes.Buffer
+	env := &benchEnv{DatabaseURL: testdb.URL(), Log: &log, Ints: map[string]*int{
 		"seconds": &seconds, "clients": &clients, "rounds": &rounds,
 	}}
 	results, err := sc.Run(context.Background(), env)
@@ -55,5 +58,11 @@ func TestBenchGRPC(t *testing.T) {
 	}
 	if got.Results[1].Ratio <= 0 {
 		t.Fatalf("grpc-tx has no ratio: %s", out.String())
+	}
+	for _, name := range want {
+		re := regexp.MustCompile(`(?m)^grpc: ` + name + `: CPU per op [0-9]+ µs in this process \(server and clients\), [0-9]+ µs in the pool's 4 PostgreSQL backends; 0 of [0-9]+ pool acquires waited for a connection$`)
+		if !re.MatchString(log.String()) {
+			t.Errorf("no CPU line for %s with 4 backends and no waits; log:\n%s", name, log.String())
+		}
 	}
 }

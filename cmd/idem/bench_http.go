@@ -422,6 +422,12 @@ func uniqueRun() string {
 type benchSamples struct {
 	lat     []time.Duration
 	elapsed time.Duration
+	// meter, when set, is read as the measured part of each load begins
+	// and ends; cpuSelf, cpuDB, acquires and waited add up the
+	// differences.
+	meter            *cpuMeter
+	cpuSelf, cpuDB   time.Duration
+	acquires, waited int64
 }
 
 func (s *benchSamples) result(name string) benchResult {
@@ -472,11 +478,23 @@ func benchLoad(ctx context.Context, clients int, warm, dur time.Duration, op fun
 		}
 	}
 	sleep(warm)
+	var self0, db0 time.Duration
+	var acq0, wait0 int64
+	if into.meter != nil {
+		self0, db0, acq0, wait0 = into.meter.read()
+	}
 	measuring.Store(true)
 	start := time.Now()
 	sleep(dur)
 	measuring.Store(false)
 	elapsed := time.Since(start)
+	if into.meter != nil {
+		self1, db1, acq1, wait1 := into.meter.read()
+		into.cpuSelf += self1 - self0
+		into.cpuDB += db1 - db0
+		into.acquires += acq1 - acq0
+		into.waited += wait1 - wait0
+	}
 	stop.Store(true)
 	wg.Wait()
 	if first != nil {

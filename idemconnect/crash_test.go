@@ -1,0 +1,194 @@
+package idemconnect_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/idemkit/idem/idemconnect"
+	"github.com/idemkit/idem/idempotency"
+	"github.com/idemkit/idem/internal/failpoint"
+	"github.com/idemkit/idem/internal/testbin"
+	"github.com/idemkit/idem/internal/testdb"
+)
+
+const crashLease = 2 * time.Second
+
+// TestCrashTakeover kills a real Connect server process (this test binary
+// as TestCrashChild) with SIGKILL between the handler's write and the
+// stored outcome (failpoint HTTPHandlerDone, which the engine hits for
+// Connect calls too), restarts it and retries the key:
+//
+//   - two-step: the claim outlives the process; retries get Aborted in
+//     progress until its lease runs out, then one retry takes the key
+//     over (exactly one takeover event) and runs the handler again (two
+//     effects); later retries replay that answer;
+//   - transactional: the write died with the process's transaction; the
+//     retry runs at once and the effect exists once.
+//
+// It is idemgrpc's test over Connect rather than internal/adaptertest's
+// CrashTakeover: that one hands the adapter an *idempotency.Middleware
+// and expects HTTP 201 and 409, where idemconnect builds its own engine
+// from a store and a Config and answers with Connect codes.
+func TestCrashTakeover(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		mode     idempotency.Mode
+		effects  int
+		takeover bool
+	}{
+		{idempotency.ModeTwoStep, 2, true},
+		{idempotency.ModeTransactional, 1, false},
+	} {
+		t.Run(tt.mode.String(), func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t)
+			if _, err := db.Pool.Exec(t.Context(), "CREATE TABLE effect (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY)"); err != nil {
+				t.Fatal(err)
+			}
+			first := startChild(t, db.URL, tt.mode, failpoint.HTTPHandlerDone+"=kill")
+			if a := crashCall(t, first.addr); a.err == nil || connect.CodeOf(a.err) != connect.CodeUnavailable {
+				t.Fatalf("the armed child answered %s instead of dying", a)
+			}
+			<-first.exited
+			second := startChild(t, db.URL, tt.mode, "")
+			var got answer
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				got = crashCall(t, second.addr)
+				if connect.CodeOf(got.err) != connect.CodeAborted {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the key stayed in progress for 30s")
+				}
+				time.Sleep(50 * time.Millisecond) // poll the lease's end
+			}
+			if got.err != nil || got.replayed {
+				t.Fatalf("retry after the restart: %s, want a fresh answer", got)
+			}
+			var n int
+			if err := db.Pool.QueryRow(t.Context(), "SELECT count(*) FROM effect").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n != tt.effects {
+				t.Fatalf("%d effects, want %d", n, tt.effects)
+			}
+			for range 3 {
+				if again := crashCall(t, second.addr); again.err != nil || !again.replayed || again.id() != got.id() {
+					t.Fatalf("later retry: %s; want the replay of %s", again, got)
+				}
+			}
+			if c := strings.Count(second.stderr.String(), "event takeover"); (c == 1) != tt.takeover || c > 1 {
+				t.Fatalf("%d takeover events, want takeover=%v\nstderr:\n%s", c, tt.takeover, second.stderr.String())
+			}
+		})
+	}
+}
+
+// crashCall calls Charge on the child at addr with the crash key, on a
+// connection of its own (the child it talked to may be dead).
+func crashCall(t *testing.T, addr string) answer {
+	tr := &http.Transport{DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	c := connect.NewClient[structpb.Struct, structpb.Struct](&http.Client{Transport: tr}, "http://"+addr+procCharge, connect.WithProtoJSON())
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	return call(ctx, c, "crash-key", map[string]any{"n": 1.0})
+}
+
+type child struct {
+	addr   string
+	stderr *testbin.Buffer
+	exited chan struct{}
+}
+
+func startChild(t *testing.T, dbURL string, mode idempotency.Mode, failpoints string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "IDEMCONNECT_CHILD_DB="+dbURL, "IDEMCONNECT_CHILD_MODE="+mode.String(), failpoint.EnvVar+"="+failpoints)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &child{stderr: &testbin.Buffer{}, exited: make(chan struct{})}
+	cmd.Stderr = c.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
+				addr <- a
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+		_ = cmd.Wait()
+		close(c.exited)
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-c.exited })
+	select {
+	case c.addr = <-addr:
+	case <-c.exited:
+		t.Fatalf("the child exited before listening\nstderr:\n%s", c.stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the child did not listen within 30s\nstderr:\n%s", c.stderr.String())
+	}
+	return c
+}
+
+// TestCrashChild is the Connect server of TestCrashTakeover; without
+// IDEMCONNECT_CHILD_DB it does nothing. Charge is the test service's
+// (one row of effect per execution); the engine's events go to stderr.
+func TestCrashChild(t *testing.T) {
+	dbURL := os.Getenv("IDEMCONNECT_CHILD_DB")
+	if dbURL == "" {
+		return
+	}
+	mode := idempotency.ModeTwoStep
+	if os.Getenv("IDEMCONNECT_CHILD_MODE") == idempotency.ModeTransactional.String() {
+		mode = idempotency.ModeTransactional
+	}
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ic, err := idemconnect.New(idempotency.NewPostgresStore(pool), &idemconnect.Config{
+		Scope: principal,
+		Idempotency: idempotency.Config{
+			Mode:  mode,
+			Lease: crashLease,
+			Hook: func(ctx context.Context, e idempotency.Event) context.Context {
+				fmt.Fprintf(os.Stderr, "event %s %d\n", e.Kind, e.Status)
+				return ctx
+			},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &service{pool: pool}
+	mux := http.NewServeMux()
+	mux.Handle(procCharge, connect.NewUnaryHandler(procCharge, svc.handle, connect.WithInterceptors(ic)))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("listening %s\n", ln.Addr())
+	_ = (&http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}).Serve(ln)
+}
