@@ -299,6 +299,85 @@ func TestPurgeLoop(t *testing.T) {
 	}
 }
 
+// TestPurgeRacesTakeovers: purgers deleting expired records by batch race
+// requests that take the same expired keys over and complete them; a
+// purge may take a key before its takeover (which then claims it fresh)
+// but never a record that was taken over: every key ends up holding its
+// new response.
+func TestPurgeRacesTakeovers(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	s := idempotency.NewPostgresStore(db.Pool)
+	ctx := context.Background()
+	const keys = 300
+	for i := range keys {
+		c := claimOf(fmt.Sprint("k", i), "old", time.Millisecond, time.Millisecond)
+		r, err := s.Claim(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, c.Key, r.Fence, &idempotency.Response{Status: 201, Body: []byte("old")}, time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "every record expired", func() bool {
+		var n int
+		err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_key WHERE expires_at <= now()`).Scan(&n)
+		return err == nil && n == keys
+	})
+	var wg sync.WaitGroup
+	var purged atomic.Int64
+	done := make(chan struct{})
+	for range 3 {
+		wg.Go(func() {
+			for {
+				n, err := s.Purge(ctx, 7)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				purged.Add(int64(n))
+				select {
+				case <-done:
+					return
+				default:
+				}
+			}
+		})
+	}
+	var takers sync.WaitGroup
+	for w := range 6 {
+		takers.Go(func() {
+			for i := w; i < keys; i += 6 {
+				c := claimOf(fmt.Sprint("k", i), "new", time.Hour, time.Hour)
+				r, err := s.Claim(ctx, c)
+				if err != nil || (r.Outcome != idempotency.OutcomeClaimed && r.Outcome != idempotency.OutcomeTookOver) {
+					t.Errorf("key %d: claim %+v, %v", i, r, err)
+					continue
+				}
+				if err := s.Complete(ctx, c.Key, r.Fence, &idempotency.Response{Status: 201, Body: []byte(fmt.Sprint("new", i))}, time.Hour); err != nil {
+					t.Errorf("key %d: complete: %v", i, err)
+				}
+			}
+		})
+	}
+	takers.Wait()
+	close(done)
+	wg.Wait()
+	if p := purged.Load(); p > keys {
+		t.Errorf("purged %d of %d expired records", p, keys)
+	}
+	for i := range keys {
+		r, err := s.Claim(ctx, claimOf(fmt.Sprint("k", i), "new", time.Hour, time.Hour))
+		if err != nil || r.Outcome != idempotency.OutcomeCompleted || r.Response == nil || string(r.Response.Body) != fmt.Sprint("new", i) {
+			t.Fatalf("key %d after the race: %+v, %v; want its new response", i, r, err)
+		}
+	}
+	if n := countRows(t, db.Pool, "idempotency_key"); n != keys {
+		t.Errorf("%d records, want %d", n, keys)
+	}
+}
+
 // TestNewValidates: a bad Config is an error naming the field.
 func TestNewValidates(t *testing.T) {
 	t.Parallel()

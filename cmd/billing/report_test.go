@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -72,6 +73,9 @@ func evalT[T any](t *testing.T, ctx context.Context, js string) T {
 
 // external matches a reference to anything outside the page: a src or
 // href to another host, a stylesheet or a script file.
+// demoRSS is the summary's memory line.
+var demoRSS = regexp.MustCompile(`billing serve peak RSS ([0-9.]+) MiB \(billing-1 `)
+
 var external = regexp.MustCompile(`(?i)(src|href)="(https?:)?//|<link |<script [^>]*src=`)
 
 // billing demo prints PASS and the path of its HTML report, which opens in
@@ -103,6 +107,19 @@ func TestDemoReportInBrowser(t *testing.T) {
 	}
 	if v := evalT[string](t, ctx, `document.getElementById("linearizable").textContent`); v != "yes" {
 		t.Errorf("linearizable %q, want yes", v)
+	}
+	// billing serve's peak RSS, the same in the summary and on the page,
+	// and one a Go service can have.
+	m := demoRSS.FindStringSubmatch(stdout)
+	if m == nil {
+		t.Errorf("the summary has no billing serve peak RSS line:\n%s", stdout)
+	} else if mb, _ := strconv.ParseFloat(m[1], 64); mb <= 1 || mb >= 4096 {
+		t.Errorf("billing serve peak RSS %s MiB, want between 1 MiB and 4 GiB", m[1])
+	}
+	if b := evalT[string](t, ctx, `document.getElementById("billing-rss").dataset.peakRssBytes`); b == "" {
+		t.Error("the page has no billing serve memory")
+	} else if n, _ := strconv.ParseInt(b, 10, 64); n <= 1<<20 || n >= 4<<30 || (m != nil && !strings.Contains(evalT[string](t, ctx, `document.getElementById("billing-rss").textContent`), m[1]+" MiB")) {
+		t.Errorf("the page's billing serve peak RSS: %s bytes, %q", b, evalT[string](t, ctx, `document.getElementById("billing-rss").textContent`))
 	}
 	// The demo's 2 kills and 1 term, with their restarts, on the first chart.
 	if n := evalT[int](t, ctx, `document.querySelectorAll("#chart-posts line.mark-kill").length`); n != 2 {

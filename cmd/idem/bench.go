@@ -150,7 +150,7 @@ func runBench(ctx context.Context, args []string) error {
 		ops += r.Ops
 	}
 	mem := benchMemEnd(objs, bytes, ops)
-	fmt.Fprintf(os.Stderr, "%s: peak RSS %.1f MiB, %.1f allocations (%.0f bytes) per operation, over the %d operations of all results (this process: subject and load generator)\n",
+	fmt.Fprintf(os.Stderr, "%s: peak RSS %.1f MiB, %.1f allocations (%.0f bytes) per operation, over the %d operations of all results (this process: subject and load generator together, which RSS cannot split; billing demo reports billing serve's own)\n",
 		sc.Name, float64(mem.PeakRSSBytes)/(1<<20), mem.AllocsPerOp, mem.AllocBytesPerOp, ops)
 	return printBench(os.Stdout, sc.Name, results, mem, *asJSON)
 }

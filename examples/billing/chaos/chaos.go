@@ -94,6 +94,7 @@ type run struct {
 	instances []*proc
 	drv       *driver
 	scr       *scraper
+	mem       *memSampler
 	hc        *http.Client
 
 	vmu        sync.Mutex
@@ -158,6 +159,7 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 	r.hc = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}}
 	defer r.hc.CloseIdleConnections()
 	r.scr = newScraper(r.hc)
+	r.mem = newMemSampler()
 	r.tl = newTimeline()
 	r.progress = newProgress(c.Progress, c.ProgressTTY)
 	r.supCtx, r.supCancel = context.WithCancel(ctx)
@@ -395,6 +397,7 @@ func (r *run) execute(ctx context.Context) error {
 	// Last scrape of the live incarnations.
 	for _, p := range r.instances {
 		r.scr.scrape(ctx, p, "/metrics")
+		r.mem.sample(p)
 	}
 	r.scr.scrape(ctx, r.paysim, "/metrics")
 	r.fillReport()
@@ -443,6 +446,8 @@ func (r *run) scrapeLoop(ctx context.Context) {
 			if p.isUp() {
 				r.scr.scrape(ctx, p, "/metrics")
 			}
+			// Starting or up: its memory counts either way.
+			r.mem.sample(p)
 		}
 		if r.paysim != nil {
 			r.scr.scrape(ctx, r.paysim, "/metrics")
@@ -562,6 +567,9 @@ func (r *run) instanceEvent(ctx context.Context, ev event, rng *mrand.Rand) erro
 	}
 	r.scr.scrape(ctx, p, "/metrics")
 	r.scr.freeze(p)
+	// The incarnation's last memory sample: VmHWM is its high-water mark
+	// so far, and a SIGKILLed process leaves nothing to read afterwards.
+	r.mem.sample(p)
 	if ev.kind == "kill" {
 		r.progress.logf("%s: SIGKILL", p.name)
 		p.stop(syscall.SIGKILL, 30*time.Second)
@@ -1027,6 +1035,7 @@ func (r *run) fillReport() {
 	rep.StartRetries = int(r.startRetries.Load())
 	rep.SelfExits = int(r.selfExits.Load())
 	rep.SelfRestarts = int(r.selfRestarts.Load())
+	rep.Memory = r.mem.report()
 	if r.fp != nil {
 		rep.Failpoints = r.fp.report()
 	}

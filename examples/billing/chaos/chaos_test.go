@@ -160,6 +160,7 @@ func TestChaosUnsafeKeyIsCaught(t *testing.T) {
 		t.Fatalf("no double or orphan charge among %+v", rep.Violations)
 	}
 	wantLinearizable(t, &rep, "no")
+	wantBillingMemory(t, &rep, 2)
 	if last := strings.TrimSpace(stderr.String()); !strings.Contains(last[strings.LastIndexByte(last, '\n')+1:], "violations") {
 		t.Errorf("last stderr line does not name the violations: %q", last)
 	}
@@ -209,6 +210,41 @@ func TestChaosInfrastructureFaults(t *testing.T) {
 		t.Error("no outbox event had a failed publish: the produce failures were not exercised")
 	}
 	wantLinearizable(t, &rep, "yes")
+	// One of the three was SIGKILLed and one SIGTERMed: each keeps a peak.
+	wantBillingMemory(t, &rep, 3)
+}
+
+// wantBillingMemory checks the report's billing serve memory: every one of
+// the instances sampled, and peaks a Go HTTP service can have (more than
+// 1 MiB, less than 4 GiB), the overall one the highest of them.
+func wantBillingMemory(t *testing.T, rep *Report, instances int) {
+	t.Helper()
+	m := rep.Memory
+	if m == nil {
+		t.Fatal("no billing_memory in the report")
+	}
+	plausible := func(b int64) bool { return b > 1<<20 && b < 4<<30 }
+	if !plausible(m.PeakRSSBytes) {
+		t.Errorf("billing serve peak RSS %d bytes, want between 1 MiB and 4 GiB", m.PeakRSSBytes)
+	}
+	if len(m.Instances) != instances {
+		t.Fatalf("memory of %d instances (%+v), want %d", len(m.Instances), m.Instances, instances)
+	}
+	var top int64
+	for _, in := range m.Instances {
+		if in.Samples == 0 || !plausible(in.PeakRSSBytes) || in.LastRSSBytes <= 0 || in.LastRSSBytes > in.PeakRSSBytes {
+			t.Errorf("instance memory %+v", in)
+		}
+		top = max(top, in.PeakRSSBytes)
+	}
+	if top != m.PeakRSSBytes {
+		t.Errorf("overall peak %d, the instances' highest %d", m.PeakRSSBytes, top)
+	}
+	var out strings.Builder
+	rep.WriteText(&out)
+	if !strings.Contains(out.String(), "billing serve peak RSS "+mib(m.PeakRSSBytes)) {
+		t.Errorf("the text report has no memory line:\n%s", out.String())
+	}
 }
 
 func TestConfigValidate(t *testing.T) {

@@ -178,6 +178,9 @@ code{background:#f4f4f4;padding:1px 4px}svg{display:block;margin:.3em 0 1em}
 		r.LoadSeconds, r.QuiescenceSeconds, r.LedgerWatchSeconds, e(r.LongestTimer), r.LedgerLateChanges)
 	fmt.Fprintf(&b, "<tr><th>answers</th><td>%d retries, %d dropped by the client, %d concurrent duplicates, %d transport errors, %d 5xx; p50 %.1f ms, p99 %.1f ms</td></tr>\n",
 		r.ClientRetries, r.ClientDrops, r.Duplicates, r.TransportErrors, r.Status5xx, r.LatencyP50Ms, r.LatencyP99Ms)
+	if m := r.Memory; m != nil {
+		fmt.Fprintf(&b, "<tr><th>billing serve memory</th><td id=\"billing-rss\" data-peak-rss-bytes=\"%d\">%s</td></tr>\n", m.PeakRSSBytes, e(m.describe()))
+	}
 	fmt.Fprintf(&b, "<tr><th>audit</th><td>%d confirmed orders + %d payments: %d CHARGED, %d FAILED; %d ledger charges, %d declines; %d outbox events of %d aggregates against %d records</td></tr>\n</table>\n",
 		r.ConfirmedOrders, r.AcceptedPayments, r.Charged, r.Failed, r.LedgerCharges, r.LedgerDeclines, r.KafkaEvents, r.KafkaAggregates, r.KafkaRecords)
 

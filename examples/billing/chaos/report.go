@@ -107,6 +107,10 @@ type Report struct {
 
 	Stopped Layers `json:"duplicates_stopped"`
 
+	// Memory is billing serve's resident memory, per instance and overall
+	// (nil when no instance was sampled).
+	Memory *Memory `json:"billing_memory,omitempty"`
+
 	LatencyP50Ms float64 `json:"latency_p50_ms"`
 	LatencyP99Ms float64 `json:"latency_p99_ms"`
 	// LoadSeconds is the driver's run; QuiescenceSeconds the time from its
@@ -205,6 +209,9 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "              fingerprint: %d of %d reused keys refused; inbox: %s redeliveries skipped; provider key: %s charges replayed\n",
 		r.Stopped.Fingerprint, r.Stopped.FingerprintProbes, unk(r.Stopped.Inbox), unk(r.Stopped.Provider))
 	fmt.Fprintf(w, "  latency     p50 %.1f ms, p99 %.1f ms per POST (retries included)\n", r.LatencyP50Ms, r.LatencyP99Ms)
+	if m := r.Memory; m != nil {
+		fmt.Fprintf(w, "  memory      %s\n", m.describe())
+	}
 	fmt.Fprintf(w, "  time        load %.1fs, quiescence %.1fs (the idle ledger watched %.1fs, beyond the longest redelivery timer: %s; %d late changes)\n",
 		r.LoadSeconds, r.QuiescenceSeconds, r.LedgerWatchSeconds, r.LongestTimer, r.LedgerLateChanges)
 	fmt.Fprintf(w, "  audit       %d confirmed orders + %d payments: %d CHARGED, %d FAILED; %d ledger charges, %d declines (order, customer, amount, principal and key of each checked)\n",

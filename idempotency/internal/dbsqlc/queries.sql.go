@@ -239,16 +239,24 @@ func (q *Queries) InspectKey(ctx context.Context, keyHash []byte) (InspectKeyRow
 
 const purge = `-- name: Purge :execrows
 DELETE FROM idempotency_key
-WHERE key_hash IN (
-    SELECT key_hash FROM idempotency_key
+WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM idempotency_key
     WHERE expires_at <= now() AND (state <> 'claimed' OR locked_until <= now())
     ORDER BY expires_at
     LIMIT $1::integer
     FOR UPDATE SKIP LOCKED
-)
+))
+  AND expires_at <= now() AND (state <> 'claimed' OR locked_until <= now())
 `
 
-// A small batch; SKIP LOCKED so that it never waits on a claimer.
+// A small batch; SKIP LOCKED so that it never waits on a claimer. The rows
+// are found through the expires_at index and deleted by their ctid: going
+// back through the primary key instead costs a descent of it per row, and
+// with random SHA-256 keys those descents miss the buffer cache once the
+// table outgrows it (the purge ran at 0.60 of its empty-table rate with 3 M
+// records kept). The locked rows cannot move before the DELETE, and the
+// repeated condition makes a row that did (a concurrent update between the
+// snapshot and the lock) deleted only if it is still purgeable.
 func (q *Queries) Purge(ctx context.Context, batch int32) (int64, error) {
 	result, err := q.db.Exec(ctx, purge, batch)
 	if err != nil {

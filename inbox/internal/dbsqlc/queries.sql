@@ -34,15 +34,22 @@ RETURNING event_id, (xmax = 0)::boolean AS inserted;
 
 -- name: PurgeBatch :execrows
 -- At most @batch_size rows older than @before. SKIP LOCKED keeps two purgers
--- (two instances) from queueing behind each other's batches.
-DELETE FROM processed_event p
-USING (
-    SELECT o.consumer_id, o.event_id FROM processed_event o
+-- (two instances) from queueing behind each other's batches. ORDER BY makes
+-- the processed_at index the plan: without it the planner, assuming the old
+-- rows spread evenly, picks a sequential scan, which reads the whole table
+-- per batch when they are not (3 M kept rows ahead of them: 1.5 s a batch).
+-- The rows are deleted by their ctid, locked and so unmoved, rather than
+-- looked up again through the primary key (a descent per row over random
+-- event ids).
+DELETE FROM processed_event
+WHERE ctid = ANY (ARRAY(
+    SELECT o.ctid FROM processed_event o
     WHERE o.processed_at < @before
+    ORDER BY o.processed_at
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
-) old
-WHERE p.consumer_id = old.consumer_id AND p.event_id = old.event_id;
+))
+  AND processed_at < @before;
 
 -- name: Seen :one
 -- A plain read: no row lock, no write. A concurrent transaction that has

@@ -130,14 +130,15 @@ func (q *Queries) MarkDoUpdate(ctx context.Context, arg MarkDoUpdateParams) (boo
 }
 
 const purgeBatch = `-- name: PurgeBatch :execrows
-DELETE FROM processed_event p
-USING (
-    SELECT o.consumer_id, o.event_id FROM processed_event o
+DELETE FROM processed_event
+WHERE ctid = ANY (ARRAY(
+    SELECT o.ctid FROM processed_event o
     WHERE o.processed_at < $1
+    ORDER BY o.processed_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-) old
-WHERE p.consumer_id = old.consumer_id AND p.event_id = old.event_id
+))
+  AND processed_at < $1
 `
 
 type PurgeBatchParams struct {
@@ -146,7 +147,13 @@ type PurgeBatchParams struct {
 }
 
 // At most @batch_size rows older than @before. SKIP LOCKED keeps two purgers
-// (two instances) from queueing behind each other's batches.
+// (two instances) from queueing behind each other's batches. ORDER BY makes
+// the processed_at index the plan: without it the planner, assuming the old
+// rows spread evenly, picks a sequential scan, which reads the whole table
+// per batch when they are not (3 M kept rows ahead of them: 1.5 s a batch).
+// The rows are deleted by their ctid, locked and so unmoved, rather than
+// looked up again through the primary key (a descent per row over random
+// event ids).
 func (q *Queries) PurgeBatch(ctx context.Context, arg PurgeBatchParams) (int64, error) {
 	result, err := q.db.Exec(ctx, purgeBatch, arg.Before, arg.BatchSize)
 	if err != nil {

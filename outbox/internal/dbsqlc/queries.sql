@@ -559,13 +559,19 @@ RETURNING id, event_id, event_type, topic, aggregate_type, aggregate_id, aggrega
           (status = 'DEAD')::bool AS dead;
 
 -- name: PurgePublished :execrows
+-- The rows are found through the published_at index and deleted by their
+-- ctid, not looked up again through the primary key (a descent per row).
+-- Without a row lock a row can get a new version between the scan and the
+-- DELETE; the repeated condition deletes it only if it is still PUBLISHED
+-- and old.
 DELETE FROM outbox_event
-WHERE id IN (
-    SELECT o.id FROM outbox_event o
+WHERE ctid = ANY (ARRAY(
+    SELECT o.ctid FROM outbox_event o
     WHERE o.published_at IS NOT NULL AND o.status = 'PUBLISHED' AND o.published_at < now() - sqlc.arg(retention_ms)::bigint * interval '1 millisecond'
     ORDER BY o.published_at
     LIMIT sqlc.arg(batch_size)::int
-);
+))
+  AND published_at IS NOT NULL AND status = 'PUBLISHED' AND published_at < now() - sqlc.arg(retention_ms)::bigint * interval '1 millisecond';
 
 -- name: Status :one
 SELECT

@@ -1318,12 +1318,13 @@ func (q *Queries) OutboxTableOID(ctx context.Context) (string, error) {
 
 const purgePublished = `-- name: PurgePublished :execrows
 DELETE FROM outbox_event
-WHERE id IN (
-    SELECT o.id FROM outbox_event o
+WHERE ctid = ANY (ARRAY(
+    SELECT o.ctid FROM outbox_event o
     WHERE o.published_at IS NOT NULL AND o.status = 'PUBLISHED' AND o.published_at < now() - $1::bigint * interval '1 millisecond'
     ORDER BY o.published_at
     LIMIT $2::int
-)
+))
+  AND published_at IS NOT NULL AND status = 'PUBLISHED' AND published_at < now() - $1::bigint * interval '1 millisecond'
 `
 
 type PurgePublishedParams struct {
@@ -1331,6 +1332,11 @@ type PurgePublishedParams struct {
 	BatchSize   int32
 }
 
+// The rows are found through the published_at index and deleted by their
+// ctid, not looked up again through the primary key (a descent per row).
+// Without a row lock a row can get a new version between the scan and the
+// DELETE; the repeated condition deletes it only if it is still PUBLISHED
+// and old.
 func (q *Queries) PurgePublished(ctx context.Context, arg PurgePublishedParams) (int64, error) {
 	result, err := q.db.Exec(ctx, purgePublished, arg.RetentionMs, arg.BatchSize)
 	if err != nil {
