@@ -26,9 +26,10 @@ const savepointSQL = "savepoint idem_handler"
 // concurrent use, as a pgx.Tx is not.
 type ClaimTx struct {
 	claim Claim
-	tx    pgx.Tx  // the transaction: a *pipeTx over a pool or a connection, else pgx's
-	pipe  *pipeTx // tx when it is a *pipeTx
-	stx   *sql.Tx // the transaction of a SQLStore (tx is nil then)
+	tx    pgx.Tx    // the transaction: a *pipeTx over a pool or a connection, else pgx's
+	pipe  *pipeTx   // tx when it is a *pipeTx
+	stx   *sql.Tx   // the transaction of a SQLStore (tx is nil then)
+	sconn *sql.Conn // the connection stx is on, closed after it, when the SQLStore took one (see beginClaimPgx)
 	done  bool
 }
 
@@ -153,6 +154,7 @@ func (t *ClaimTx) Rollback(ctx context.Context) error {
 
 func (t *ClaimTx) rollback(ctx context.Context) error {
 	if t.stx != nil {
+		defer t.closeConn()
 		return t.stx.Rollback()
 	}
 	if t.pipe != nil {
@@ -168,6 +170,7 @@ func (t *ClaimTx) rollback(ctx context.Context) error {
 // written again, and for anything else nothing commits (ErrTxAborted).
 // The happy path is the pgx one: the record, then COMMIT.
 func (t *ClaimTx) commitSQL(ctx context.Context, resp *Response, retention time.Duration) error {
+	defer t.closeConn() // after stx's end, on every path below
 	hdr, body, err := encodeResponse(resp)
 	if err != nil {
 		_ = t.stx.Rollback()
@@ -207,4 +210,13 @@ func (t *ClaimTx) commitSQL(ctx context.Context, resp *Response, retention time.
 		return fmt.Errorf("idempotency: commit: %w", err)
 	}
 	return nil
+}
+
+// closeConn hands a SQLStore's dedicated connection back to its pool,
+// once stx has ended (Close would wait for an open transaction).
+func (t *ClaimTx) closeConn() {
+	if t.sconn != nil {
+		_ = t.sconn.Close()
+		t.sconn = nil
+	}
 }

@@ -1,13 +1,17 @@
 package idempotency_test
 
 import (
+	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "github.com/lib/pq"
@@ -158,5 +162,67 @@ func TestSQLTransactionalHandlerEndsTx(t *testing.T) {
 	}
 	if !found {
 		t.Fatal("no hook event with ErrTxOwned")
+	}
+}
+
+// TestSQLStoreConnReturned: on either driver, every end of a transactional
+// claim hands its connection back to the *sql.DB (on pgx's stdlib driver
+// the claim runs on a dedicated *sql.Conn, see SQLStore.BeginClaim): a
+// commit, a rollback, a claim of a completed key (not ours, ended at
+// once) and a claim whose statements fail, each on a pool of one
+// connection, which a leaked or still-open connection would starve.
+func TestSQLStoreConnReturned(t *testing.T) {
+	t.Parallel()
+	for _, driver := range testdb.SQLDrivers {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			claim := func(key string) idempotency.Claim {
+				return idempotency.Claim{Key: idempotency.KeyHash(sha256.Sum256([]byte(key))), Lease: time.Minute, Retention: time.Hour}
+			}
+			sdb := testdb.New(t, testdb.MaxConns(1)).SQL(t, driver, 1)
+			s := idempotency.NewSQLStore(sdb)
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second) // a starved pool fails here, not hangs
+			defer cancel()
+			for i := range 3 {
+				tx, res, err := s.BeginClaim(ctx, claim("k"+strconv.Itoa(i)))
+				if err != nil || res.Outcome != idempotency.OutcomeClaimed {
+					t.Fatalf("claim %d: %v %s", i, err, res.Outcome)
+				}
+				if err := tx.Commit(ctx, &idempotency.Response{Status: 201}, time.Hour); err != nil {
+					t.Fatalf("commit %d: %v", i, err)
+				}
+				if tx, res, err := s.BeginClaim(ctx, claim("k"+strconv.Itoa(i))); err != nil || tx != nil || res.Outcome != idempotency.OutcomeCompleted {
+					t.Fatalf("claim of completed key %d: %v %v %s", i, err, tx, res.Outcome)
+				}
+				tx, _, err = s.BeginClaim(ctx, claim("r"+strconv.Itoa(i)))
+				if err != nil {
+					t.Fatalf("claim r%d: %v", i, err)
+				}
+				if err := tx.Rollback(ctx); err != nil {
+					t.Fatalf("rollback %d: %v", i, err)
+				}
+			}
+			if got := sdb.Stats().InUse; got != 0 {
+				t.Fatalf("%d connections in use after the claims ended, want 0", got)
+			}
+			// A claim whose statements fail (no table) also gives its
+			// connection back, out of any transaction.
+			if _, err := sdb.ExecContext(ctx, "ALTER TABLE idempotency_key RENAME TO idempotency_key_gone"); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				if _, _, err := s.BeginClaim(ctx, claim("gone")); err == nil || !strings.Contains(err.Error(), "idempotency_key") {
+					t.Fatalf("claim without its table: %v, want the missing relation", err)
+				}
+			}
+			// (In the aborted transaction of a failed claim this would
+			// fail with 25P02.)
+			if _, err := sdb.ExecContext(ctx, "SELECT 1"); err != nil {
+				t.Fatalf("after failed claims: %v", err)
+			}
+			if got := sdb.Stats().InUse; got != 0 {
+				t.Fatalf("%d connections in use after failed claims, want 0", got)
+			}
+		})
 	}
 }

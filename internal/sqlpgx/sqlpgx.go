@@ -28,11 +28,31 @@ type Querier interface {
 }
 
 // DB is a Querier seen as pgx's DBTX (Exec, Query, QueryRow).
-type DB struct{ Q Querier }
+type DB struct {
+	Q Querier
+	// Inline sends the arguments as literals in the statement's text (see
+	// Inline), so that the driver sends a statement with no parameters:
+	// lib/pq then uses the simple query protocol, one round trip, where a
+	// statement with parameters costs it two (Parse/Describe, then
+	// Bind/Execute). A statement or an argument Inline does not handle is
+	// sent with parameters, as without it.
+	Inline bool
+}
+
+// args returns the query and arguments to hand the driver.
+func (d DB) args(query string, args []any) (string, []any) {
+	if d.Inline && len(args) > 0 {
+		if q, ok := Inline(query, args); ok {
+			return q, nil
+		}
+	}
+	return query, convert(args)
+}
 
 // Exec runs a statement; the command tag carries only the rows affected.
 func (d DB) Exec(ctx context.Context, query string, args ...any) (pgconn.CommandTag, error) {
-	res, err := d.Q.ExecContext(ctx, query, convert(args)...)
+	query, args = d.args(query, args)
+	res, err := d.Q.ExecContext(ctx, query, args...)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -45,7 +65,8 @@ func (d DB) Exec(ctx context.Context, query string, args ...any) (pgconn.Command
 
 // Query runs a query.
 func (d DB) Query(ctx context.Context, query string, args ...any) (pgx.Rows, error) {
-	rs, err := d.Q.QueryContext(ctx, query, convert(args)...)
+	query, args = d.args(query, args)
+	rs, err := d.Q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -119,7 +119,8 @@ func (e Enqueuer) EnqueueSQLTx(ctx context.Context, tx *sql.Tx, msgs ...outbox.M
 	if tx == nil {
 		return nil, fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
 	}
-	return e.enqueue(ctx, sqlpgx.DB{Q: tx}, msgs)
+	// Inlined on lib/pq: one round trip instead of two (see sqlpgx.OnLibPQ).
+	return e.enqueue(ctx, sqlpgx.DB{Q: tx, Inline: sqlpgx.OnLibPQ(tx)}, msgs)
 }
 
 // Enqueue is EnqueueTx for events that describe no other write: its one
