@@ -142,11 +142,7 @@ func EnqueueSQLTx(ctx context.Context, tx *sql.Tx, msgs ...Message) ([]string, e
 	if tx == nil {
 		return nil, ErrNilTx
 	}
-	// On lib/pq the values travel inlined, one round trip instead of
-	// two; on any other driver (pgx's stdlib) with parameters, as
-	// EnqueueTx's (see sqlpgx.OnLibPQ).
-	lit := sqlpgx.OnLibPQ(tx)
-	return enqueueExec(ctx, sqlpgx.DB{Q: tx, Inline: lit}, msgs, lit)
+	return enqueueExec(ctx, sqlpgx.DB{Q: tx, Inline: true}, msgs, true)
 }
 
 // Enqueue is EnqueueTx for events that describe no other write: it runs
@@ -164,9 +160,10 @@ func enqueue(ctx context.Context, db DBTX, msgs []Message) ([]string, error) {
 
 // enqueueExec is enqueue; with exec, its statement runs through db.Exec,
 // its RETURNING unread (enqueue does not use it). That is EnqueueSQLTx's
-// way on lib/pq: its db inlines the values (sqlpgx.DB.Inline), and lib/pq
-// sends a statement with no parameters through Exec in one round trip (the
-// simple query protocol), where it needs two for one with parameters.
+// way: its db inlines the values (sqlpgx.DB.Inline), and a statement with
+// no parameters is one round trip through Exec on both drivers (the simple
+// query protocol), where lib/pq needs two for one with parameters and pgx's
+// stdlib driver sends every Query with parameters (its result formats).
 func enqueueExec(ctx context.Context, db DBTX, msgs []Message, exec bool) ([]string, error) {
 	if len(msgs) == 0 {
 		return nil, nil

@@ -136,22 +136,3 @@ func TestInlineSameValues(t *testing.T) {
 		})
 	}
 }
-
-// TestOnLibPQ: true on lib/pq's transactions only.
-func TestOnLibPQ(t *testing.T) {
-	t.Parallel()
-	db := testdb.New(t, testdb.MaxConns(1), testdb.Empty())
-	for _, driver := range testdb.SQLDrivers {
-		tx, err := db.SQL(t, driver, 1).BeginTx(t.Context(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := sqlpgx.OnLibPQ(tx); got != (driver == "postgres") {
-			t.Errorf("%s: OnLibPQ = %v", driver, got)
-		}
-		_ = tx.Rollback()
-	}
-	if sqlpgx.OnLibPQ(nil) {
-		t.Error("OnLibPQ(nil)")
-	}
-}

@@ -119,8 +119,7 @@ func (e Enqueuer) EnqueueSQLTx(ctx context.Context, tx *sql.Tx, msgs ...outbox.M
 	if tx == nil {
 		return nil, fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
 	}
-	// Inlined on lib/pq: one round trip instead of two (see sqlpgx.OnLibPQ).
-	return e.enqueue(ctx, sqlpgx.DB{Q: tx, Inline: sqlpgx.OnLibPQ(tx)}, msgs)
+	return e.enqueue(ctx, sqlpgx.DB{Q: tx, Inline: true}, msgs)
 }
 
 // Enqueue is EnqueueTx for events that describe no other write: its one
