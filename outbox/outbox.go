@@ -142,7 +142,7 @@ func EnqueueSQLTx(ctx context.Context, tx *sql.Tx, msgs ...Message) ([]string, e
 	if tx == nil {
 		return nil, ErrNilTx
 	}
-	return enqueueExec(ctx, sqlpgx.DB{Q: tx, Inline: true}, msgs, true)
+	return enqueue(ctx, sqlpgx.DB{Q: tx}, msgs)
 }
 
 // Enqueue is EnqueueTx for events that describe no other write: it runs
@@ -155,16 +155,6 @@ func Enqueue(ctx context.Context, db DBTX, msgs ...Message) ([]string, error) {
 }
 
 func enqueue(ctx context.Context, db DBTX, msgs []Message) ([]string, error) {
-	return enqueueExec(ctx, db, msgs, false)
-}
-
-// enqueueExec is enqueue; with exec, its statement runs through db.Exec,
-// its RETURNING unread (enqueue does not use it). That is EnqueueSQLTx's
-// way: its db inlines the values (sqlpgx.DB.Inline), and a statement with
-// no parameters is one round trip through Exec on both drivers (the simple
-// query protocol), where lib/pq needs two for one with parameters and pgx's
-// stdlib driver sends every Query with parameters (its result formats).
-func enqueueExec(ctx context.Context, db DBTX, msgs []Message, exec bool) ([]string, error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}
@@ -201,17 +191,12 @@ func enqueueExec(ctx context.Context, db DBTX, msgs []Message, exec bool) ([]str
 	}
 	q := dbsqlc.New(db)
 	var err error
-	switch {
-	case exec && len(msgs) == 1:
-		_, err = db.Exec(ctx, dbsqlc.EnqueueOneSQL, p.Topics[0], p.AggregateTypes[0], p.AggregateIds[0], p.EventIds[0], p.EventTypes[0], p.Payloads[0], p.Headers[0])
-	case exec:
-		_, err = db.Exec(ctx, dbsqlc.EnqueueSQL, p.Topics, p.AggregateTypes, p.AggregateIds, p.EventIds, p.EventTypes, p.Payloads, p.Headers)
-	case len(msgs) == 1:
+	if len(msgs) == 1 {
 		_, err = q.EnqueueOne(ctx, dbsqlc.EnqueueOneParams{
 			Topic: p.Topics[0], AggregateType: p.AggregateTypes[0], AggregateID: p.AggregateIds[0],
 			EventID: p.EventIds[0], EventType: p.EventTypes[0], Payload: p.Payloads[0], Headers: p.Headers[0],
 		})
-	default:
+	} else {
 		_, err = q.Enqueue(ctx, p)
 	}
 	if err != nil {

@@ -28,31 +28,11 @@ type Querier interface {
 }
 
 // DB is a Querier seen as pgx's DBTX (Exec, Query, QueryRow).
-type DB struct {
-	Q Querier
-	// Inline sends the arguments as literals in the statement's text (see
-	// Inline), so that the driver sends a statement with no parameters:
-	// lib/pq then uses the simple query protocol, one round trip, where a
-	// statement with parameters costs it two (Parse/Describe, then
-	// Bind/Execute). A statement or an argument Inline does not handle is
-	// sent with parameters, as without it.
-	Inline bool
-}
-
-// args returns the query and arguments to hand the driver.
-func (d DB) args(query string, args []any) (string, []any) {
-	if d.Inline && len(args) > 0 {
-		if q, ok := Inline(query, args); ok {
-			return q, nil
-		}
-	}
-	return query, convert(args)
-}
+type DB struct{ Q Querier }
 
 // Exec runs a statement; the command tag carries only the rows affected.
 func (d DB) Exec(ctx context.Context, query string, args ...any) (pgconn.CommandTag, error) {
-	query, args = d.args(query, args)
-	res, err := d.Q.ExecContext(ctx, query, args...)
+	res, err := d.Q.ExecContext(ctx, query, convert(args)...)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -65,8 +45,7 @@ func (d DB) Exec(ctx context.Context, query string, args ...any) (pgconn.Command
 
 // Query runs a query.
 func (d DB) Query(ctx context.Context, query string, args ...any) (pgx.Rows, error) {
-	query, args = d.args(query, args)
-	rs, err := d.Q.QueryContext(ctx, query, args...)
+	rs, err := d.Q.QueryContext(ctx, query, convert(args)...)
 	if err != nil {
 		return nil, err
 	}

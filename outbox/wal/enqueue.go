@@ -119,7 +119,7 @@ func (e Enqueuer) EnqueueSQLTx(ctx context.Context, tx *sql.Tx, msgs ...outbox.M
 	if tx == nil {
 		return nil, fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
 	}
-	return e.enqueue(ctx, sqlpgx.DB{Q: tx, Inline: true}, msgs)
+	return e.enqueue(ctx, sqlpgx.DB{Q: tx}, msgs)
 }
 
 // Enqueue is EnqueueTx for events that describe no other write: its one
