@@ -82,11 +82,14 @@ func (s *SQLStore) BeginClaim(ctx context.Context, c Claim) (*ClaimTx, ClaimResu
 	if !s.notPgx.Load() {
 		return s.beginClaimPgx(ctx, c)
 	}
-	stx, err := s.db.BeginTx(context.WithoutCancel(ctx), nil)
+	// A connection first, waited for under ctx (a full pool must not hold
+	// the request for ever), then the transaction on it without ctx's
+	// cancellation.
+	conn, stx, err := s.beginOnConn(ctx)
 	if err != nil {
 		return nil, ClaimResult{}, fmt.Errorf("idempotency: begin: %w", err)
 	}
-	return claimStatements(ctx, &ClaimTx{claim: c, stx: stx})
+	return claimStatements(ctx, &ClaimTx{claim: c, stx: stx, sconn: conn})
 }
 
 // claimStatements is the claim of BeginClaim on any driver, in ct's

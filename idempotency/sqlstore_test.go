@@ -226,3 +226,53 @@ func TestSQLStoreConnReturned(t *testing.T) {
 		})
 	}
 }
+
+// TestSQLStoreFullPoolHonoursCtx: on a pool whose one connection is busy,
+// a claim waits for a connection only as long as its ctx lets it (on
+// every driver): the transaction itself is begun without ctx's
+// cancellation, the wait for its connection is not.
+func TestSQLStoreFullPoolHonoursCtx(t *testing.T) {
+	t.Parallel()
+	for _, driver := range testdb.SQLDrivers {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			sdb := testdb.New(t, testdb.MaxConns(1)).SQL(t, driver, 1)
+			s := idempotency.NewSQLStore(sdb)
+			claim := func(key string) idempotency.Claim {
+				return idempotency.Claim{Key: idempotency.KeyHash(sha256.Sum256([]byte(key))), Lease: time.Minute, Retention: time.Hour}
+			}
+			// A first claim, so that the store knows its driver (pgx's
+			// stdlib or not), then the pool's one connection held.
+			tx, _, err := s.BeginClaim(t.Context(), claim("first"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Rollback(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			busy, err := sdb.BeginTx(t.Context(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = busy.Rollback() }()
+			ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				tx, _, err := s.BeginClaim(ctx, claim("starved"))
+				if tx != nil {
+					_ = tx.Rollback(context.Background())
+				}
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("claim on a full pool: %v, want its ctx's deadline", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("claim on a full pool still waiting 20 s after its ctx ended")
+			}
+		})
+	}
+}
