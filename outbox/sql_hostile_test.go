@@ -27,7 +27,7 @@ func hostileMessages(agg string) []outbox.Message {
 	for i := range all {
 		all[i] = byte(i)
 	}
-	nasty := `'); DROP TABLE outbox_event; -- $$ $1 $tag$ \' \\ " E'\x41' U&'\0041' /* */ ` + "\t\r\n" + `ünïcødé 🙂 ‮ ` + "\u2028\ufeff\U0010fffd"
+	nasty := `'); DROP TABLE outbox_event; -- $$ $1 $tag$ \' \\ " E'\x41' U&'\0041' /* */ ` + "\t\r\n" + `ünïcødé 🙂 ` + "\u202e\u2028\ufeff\U0010fffd"
 	return []outbox.Message{
 		{Topic: "t" + nasty, AggregateType: "ty" + nasty, AggregateID: agg + nasty, EventType: "ev" + nasty,
 			Payload: append([]byte(nasty), all...),
