@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -78,6 +79,13 @@ func (s *session) newReader() *kafka.Reader {
 		ErrorLogger: kafka.LoggerFunc(func(format string, a ...any) {
 			s.log.Debug("kafka-go reader: " + fmt.Sprintf(format, a...))
 		}),
+	}
+	if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		// The Reader's own progress (joins, generations, assignments,
+		// subscriptions, commit loops): only when asked for, it is chatty.
+		rc.Logger = kafka.LoggerFunc(func(format string, a ...any) {
+			s.log.Debug("kafka-go reader info: " + strings.TrimSpace(fmt.Sprintf(format, a...)))
+		})
 	}
 	if s.cfg.Reader != nil {
 		s.cfg.Reader(&rc)
@@ -196,7 +204,35 @@ func (s *session) Ack(ctx context.Context, msgs []*consume.Message) error {
 			}
 		}
 	}
-	return s.r.CommitMessages(ctx, kms...)
+	err := s.r.CommitMessages(ctx, kms...)
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		s.log.Debug("kafkago: commit", "offsets", commitOffsets(kms), "err", err)
+	}
+	return err
+}
+
+// commitOffsets describes the offsets a commit of kms asks for: per
+// partition, the highest offset plus one, as Kafka stores it.
+func commitOffsets(kms []kafka.Message) string {
+	next := map[partition]int64{}
+	var order []partition
+	for _, km := range kms {
+		p := partition{km.Topic, km.Partition}
+		if o, ok := next[p]; !ok {
+			order = append(order, p)
+		} else if o > km.Offset {
+			continue
+		}
+		next[p] = km.Offset + 1
+	}
+	var b strings.Builder
+	for i, p := range order {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%d", stream(p.topic, p.part), next[p])
+	}
+	return b.String()
 }
 
 // Hold keeps m's partition back in the driver: the Reader cannot pause
