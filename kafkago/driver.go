@@ -88,19 +88,24 @@ func (s *session) newReader() *kafka.Reader {
 			s.log.Debug("kafka-go reader: " + fmt.Sprintf(format, a...))
 		}),
 	}
-	// The Reader's progress log is the only place it tells its
-	// generations: gs follows them. The rest (joins, assignments, commit
-	// loops, fetch timeouts) goes to the logger at Debug, only when asked
-	// for: it is chatty.
-	rc.Logger = kafka.LoggerFunc(func(format string, a ...any) {
-		gs.observe(format, a)
-		if debug {
-			s.log.Debug("kafka-go reader info: " + strings.TrimSpace(fmt.Sprintf(format, a...)))
-		}
-	})
 	if s.cfg.Reader != nil {
 		s.cfg.Reader(&rc)
 	}
+	// The Reader's progress log is the only place it tells its
+	// generations: gs follows them, whatever Logger ConsumerConfig.Reader
+	// set (it still gets every line). Without one, the lines (joins,
+	// assignments, commit loops, fetch timeouts) go to the logger at
+	// Debug, only when asked for: they are chatty.
+	user := rc.Logger
+	rc.Logger = kafka.LoggerFunc(func(format string, a ...any) {
+		gs.observe(format, a)
+		switch {
+		case user != nil:
+			user.Printf(format, a...)
+		case debug:
+			s.log.Debug("kafka-go reader info: " + strings.TrimSpace(fmt.Sprintf(format, a...)))
+		}
+	})
 	return kafka.NewReader(rc)
 }
 

@@ -3,6 +3,7 @@ package kafkago_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,6 +40,9 @@ func TestStaleAckAfterRebalanceDoesNotRewindTheNewOwner(t *testing.T) {
 	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
+	// The members' own Logger (ConsumerConfig.Reader may set one) must
+	// not blind the driver to the generations, and still gets the lines.
+	var lines atomic.Int64
 	open := func() consume.Session {
 		d, err := kafkago.NewDriver(&kafkago.ConsumerConfig{
 			Brokers: kc.Addrs, Group: group, Topics: []string{topic}, Logger: quiet(),
@@ -46,6 +50,7 @@ func TestStaleAckAfterRebalanceDoesNotRewindTheNewOwner(t *testing.T) {
 			EventID:                  func(m *kafka.Message) string { return fmt.Sprintf("%d-%d", m.Partition, m.Offset) },
 			Reader: func(rc *kafka.ReaderConfig) {
 				rc.SessionTimeout, rc.HeartbeatInterval, rc.RebalanceTimeout = 6*time.Second, 100*time.Millisecond, 5*time.Second
+				rc.Logger = kafka.LoggerFunc(func(string, ...any) { lines.Add(1) })
 			},
 		})
 		if err != nil {
@@ -144,5 +149,8 @@ func TestStaleAckAfterRebalanceDoesNotRewindTheNewOwner(t *testing.T) {
 	o, ok = offs.Lookup(topic, 1-lost)
 	if !ok || o.At != perPart {
 		t.Fatalf("committed offset of the kept partition %s/%d = %+v (found %v); want %d: a's commit was lost", topic, 1-lost, o.At, ok, perPart)
+	}
+	if lines.Load() == 0 {
+		t.Fatal("the Reader's own Logger got no line")
 	}
 }
