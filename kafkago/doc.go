@@ -67,8 +67,23 @@
 // reconnects its Reader, which resumes the partitions at their committed
 // offsets. kafka-go's Reader does not report rebalances: a held partition
 // that moves to another member stays held in this session until its
-// dead-letter succeeds (its commit is then refused or harmless) or the
-// session ends; its new owner starts from the committed offset.
+// dead-letter succeeds or the session ends; its new owner starts from the
+// committed offset.
+//
+// Nor does the Reader fence its commits: it commits with its current
+// generation whatever partitions the messages are from, and Kafka accepts
+// from a member of the current generation an offset for any partition. A
+// member that fetched a partition's messages before a rebalance and acked
+// them after it, when the partition had a new owner, used to set the
+// group's offset back below the new owner's; past the partition's end the
+// new owner never committed it again, and the group stayed behind for good
+// (seen in the chaos matrix as a not-idle stall, "billing-charger 3 behind
+// on billing.commands"). Ack therefore commits only the partitions of the
+// Reader's current generation (which the Reader tells in its progress log,
+// which the driver reads for that), from the offset the generation started
+// at; it gives up a commit still waiting when the generation ends. What it
+// does not commit, the partition's owner in the next generation delivers
+// again from the committed offset, and the inbox finds it processed.
 //
 // Dead letters go to DeadLetterTopic (else topic + ".dlq"), with the
 // headers every driver writes (consume.DeadLetter.CopyHeaders). Start

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -45,6 +48,9 @@ type session struct {
 	log *slog.Logger
 	r   *kafka.Reader
 	w   *kafka.Writer
+	// gs is r's generation as the Reader's own log reports it: what Ack
+	// may commit.
+	gs *genState
 
 	held map[partition]*hold
 	// ready: messages of partitions whose hold ended, handed over by the
@@ -65,6 +71,9 @@ func (d *driver) Open(context.Context) (consume.Session, error) {
 }
 
 func (s *session) newReader() *kafka.Reader {
+	gs := &genState{}
+	s.gs = gs
+	debug := s.log.Enabled(context.Background(), slog.LevelDebug)
 	rc := kafka.ReaderConfig{
 		Brokers:     s.cfg.Brokers,
 		GroupID:     s.cfg.Group,
@@ -82,6 +91,21 @@ func (s *session) newReader() *kafka.Reader {
 	if s.cfg.Reader != nil {
 		s.cfg.Reader(&rc)
 	}
+	// The Reader's progress log is the only place it tells its
+	// generations: gs follows them, whatever Logger ConsumerConfig.Reader
+	// set (it still gets every line). Without one, the lines (joins,
+	// assignments, commit loops, fetch timeouts) go to the logger at
+	// Debug, only when asked for: they are chatty.
+	user := rc.Logger
+	rc.Logger = kafka.LoggerFunc(func(format string, a ...any) {
+		gs.observe(format, a)
+		switch {
+		case user != nil:
+			user.Printf(format, a...)
+		case debug:
+			s.log.Debug("kafka-go reader info: " + strings.TrimSpace(fmt.Sprintf(format, a...)))
+		}
+	})
 	return kafka.NewReader(rc)
 }
 
@@ -181,6 +205,19 @@ func (s *session) message(km kafka.Message) *consume.Message {
 
 // Ack commits the offsets of msgs (synchronously: it returns once Kafka
 // has them) and ends the holds whose holding message is among them.
+//
+// It commits only what this member may: the partitions of the Reader's
+// current generation, from the offset that generation started at. A
+// message of a partition lost in a rebalance (fetched before it, acked
+// after) is not committed: its new owner started at the committed offset
+// and delivers it again (the inbox finds it processed), and an offset
+// committed now could go back below the new owner's, which it would never
+// commit again once past the partition's end. kafka-go's Reader commits
+// with its current generation whatever the partitions, and Kafka accepts
+// an offset for any partition from a member of the current generation;
+// hence the check here. For the same reason a commit still waiting for
+// the Reader when its generation ends is given up: the next generation
+// starts every partition at its committed offset again.
 func (s *session) Ack(ctx context.Context, msgs []*consume.Message) error {
 	kms := make([]kafka.Message, 0, len(msgs))
 	for _, m := range msgs {
@@ -196,7 +233,136 @@ func (s *session) Ack(ctx context.Context, msgs []*consume.Message) error {
 			}
 		}
 	}
-	return s.r.CommitMessages(ctx, kms...)
+	cctx, mine, skipped, done := s.gs.commitable(ctx, kms)
+	defer done()
+	debug := s.log.Enabled(ctx, slog.LevelDebug)
+	if debug && len(skipped) > 0 {
+		s.log.Debug("kafkago: commit skipped: partition not in this generation, or before its start", "offsets", commitOffsets(skipped))
+	}
+	if len(mine) == 0 {
+		return nil
+	}
+	err := s.r.CommitMessages(cctx, mine...)
+	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
+		// The generation ended with the commit still waiting: the next
+		// one starts at the committed offsets and delivers these again.
+		if debug {
+			s.log.Debug("kafkago: commit given up: the generation ended", "offsets", commitOffsets(mine))
+		}
+		return nil
+	}
+	if debug {
+		s.log.Debug("kafkago: commit", "offsets", commitOffsets(mine), "err", err)
+	}
+	return err
+}
+
+// genState is a Reader's current generation, as its progress log tells
+// it: the offset each assigned partition started at, nil between two
+// generations. Its methods are safe for concurrent use (the log is
+// written by the Reader's goroutines).
+type genState struct {
+	mu       sync.Mutex
+	assigned map[partition]int64
+	// waiting: the commits in progress, given up when the generation ends.
+	waiting map[*int]context.CancelFunc
+}
+
+// The kafka-go v0.4 Reader's log lines that frame a generation: the
+// assignment (a map[topicPartition]int64 of start offsets) once the
+// Reader has started reading it, and the end of the generation's commit
+// loop. Were they to change, nothing would be committed:
+// TestStaleAckAfterRebalanceDoesNotRewindTheNewOwner fails then.
+const (
+	logSubscribed    = "subscribed to topics and partitions: %+v"
+	logStoppedCommit = "stopped commit for group %s\n"
+)
+
+func (g *genState) observe(format string, a []any) {
+	switch format {
+	case logSubscribed:
+		if len(a) != 1 {
+			return
+		}
+		assigned := map[partition]int64{}
+		v := reflect.ValueOf(a[0])
+		if v.Kind() != reflect.Map {
+			return
+		}
+		for it := v.MapRange(); it.Next(); {
+			k := it.Key()
+			if k.Kind() != reflect.Struct || !it.Value().CanInt() {
+				return
+			}
+			t, p := k.FieldByName("topic"), k.FieldByName("partition")
+			if t.Kind() != reflect.String || !p.CanInt() {
+				return
+			}
+			assigned[partition{t.String(), int(p.Int())}] = it.Value().Int()
+		}
+		g.mu.Lock()
+		g.assigned = assigned
+		g.mu.Unlock()
+	case logStoppedCommit:
+		g.mu.Lock()
+		g.assigned = nil
+		for _, cancel := range g.waiting {
+			cancel()
+		}
+		g.mu.Unlock()
+	}
+}
+
+// commitable splits kms into the messages this generation may commit and
+// the others, and gives the commit's ctx: cancelled when the generation
+// ends. done releases it.
+func (g *genState) commitable(ctx context.Context, kms []kafka.Message) (cctx context.Context, mine, skipped []kafka.Message, done func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, km := range kms {
+		start, ok := g.assigned[partition{km.Topic, km.Partition}]
+		if ok && (start < 0 || km.Offset >= start) {
+			mine = append(mine, km)
+		} else {
+			skipped = append(skipped, km)
+		}
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	if g.waiting == nil {
+		g.waiting = map[*int]context.CancelFunc{}
+	}
+	key := new(int)
+	g.waiting[key] = cancel
+	return cctx, mine, skipped, func() {
+		g.mu.Lock()
+		delete(g.waiting, key)
+		g.mu.Unlock()
+		cancel()
+	}
+}
+
+// commitOffsets describes the offsets a commit of kms asks for: per
+// partition, the highest offset plus one, as Kafka stores it.
+func commitOffsets(kms []kafka.Message) string {
+	next := map[partition]int64{}
+	var order []partition
+	for _, km := range kms {
+		p := partition{km.Topic, km.Partition}
+		if o, ok := next[p]; !ok {
+			order = append(order, p)
+		} else if o > km.Offset {
+			continue
+		}
+		next[p] = km.Offset + 1
+	}
+	var b strings.Builder
+	for i, p := range order {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%d", stream(p.topic, p.part), next[p])
+	}
+	return b.String()
 }
 
 // Hold keeps m's partition back in the driver: the Reader cannot pause

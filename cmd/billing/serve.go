@@ -99,6 +99,9 @@ Environment:
                             stdlib driver (a second pool, opened from
                             DATABASE_URL); the relay, purges and status
                             poller stay on pgx either way
+  BILLING_LOG_LEVEL         info (default), debug, warn or error; debug adds
+                            every consumer event, the kafkago driver's offset
+                            commits and kafka-go's reader logs
   IDEMPOTENCY_STORE         where the HTTP API keeps its idempotency records:
                             postgres (default: DATABASE_URL, transactional mode),
                             redis (REDIS_URL, default redis://127.0.0.1:6379/0)
@@ -201,6 +204,10 @@ func serve(ctx context.Context, args []string) (err error) {
 	if r.Charger && paymentURL == "" {
 		return cli.Usagef("PAYMENT_URL is empty: the charger role needs the payment provider (for a simulator run 'idem paysim')")
 	}
+	level, err := logLevel(os.Getenv("BILLING_LOG_LEVEL"))
+	if err != nil {
+		return cli.Usagef("%v", err)
+	}
 	tel, err := otelenv.FromEnv(ctx, "billing")
 	if err != nil {
 		return cli.Usagef("%v", err)
@@ -210,7 +217,7 @@ func serve(ctx context.Context, args []string) (err error) {
 			err = errors.Join(err, fmt.Errorf("billing: flushing telemetry: %w", ferr))
 		}
 	}()
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	istore, closeStore, err := idempotencyStore(ctx, log)
 	if err != nil {
 		return err
@@ -257,4 +264,21 @@ func serve(ctx context.Context, args []string) (err error) {
 			fmt.Printf("billing: admin listening on %s\n", a)
 		},
 	})
+}
+
+// logLevel is BILLING_LOG_LEVEL: unset or "info" (the default), "debug"
+// (also kafka-go's reader logs, every consumer event and every offset
+// commit of the kafkago driver), "warn" or "error".
+func logLevel(v string) (slog.Level, error) {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "", "info":
+		return slog.LevelInfo, nil
+	case "debug":
+		return slog.LevelDebug, nil
+	case "warn":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return 0, fmt.Errorf("BILLING_LOG_LEVEL=%q: want debug, info, warn or error", v)
 }

@@ -166,6 +166,7 @@ func TestServeUsage(t *testing.T) {
 		{"unknown data layer", []string{"BILLING_DATA_LAYER=gorm"}, []string{"serve"}, "BILLING_DATA_LAYER"},
 		{"unknown traces exporter", []string{"KAFKA_BROKERS=127.0.0.1:1", "PAYMENT_URL=http://127.0.0.1:1", "OTEL_TRACES_EXPORTER=zipkin"}, []string{"serve"}, "OTEL_TRACES_EXPORTER"},
 		{"unknown metrics exporter", []string{"KAFKA_BROKERS=127.0.0.1:1", "PAYMENT_URL=http://127.0.0.1:1", "OTEL_METRICS_EXPORTER=statsd"}, []string{"serve"}, "OTEL_METRICS_EXPORTER"},
+		{"unknown log level", []string{"KAFKA_BROKERS=127.0.0.1:1", "PAYMENT_URL=http://127.0.0.1:1", "BILLING_LOG_LEVEL=loud"}, []string{"serve"}, "BILLING_LOG_LEVEL"},
 		{"heartbeat not below session", []string{"KAFKA_SESSION_TIMEOUT=6s", "KAFKA_HEARTBEAT_INTERVAL=6s"}, []string{"serve"}, "KAFKA_HEARTBEAT_INTERVAL"},
 	}
 	for _, tt := range testCases {
@@ -175,7 +176,7 @@ func TestServeUsage(t *testing.T) {
 		}
 	}
 	stdout, _, code := runBilling(t, nil, "serve", "--help")
-	for _, want := range []string{"SHUTDOWN_TIMEOUT", "KAFKA_SESSION_TIMEOUT", "KAFKA_HEARTBEAT_INTERVAL", "KAFKA_REBALANCE_TIMEOUT", "OUTBOX_LEASE_TTL", "BILLING_UNSAFE", "BILLING_DATA_LAYER", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER"} {
+	for _, want := range []string{"SHUTDOWN_TIMEOUT", "KAFKA_SESSION_TIMEOUT", "KAFKA_HEARTBEAT_INTERVAL", "KAFKA_REBALANCE_TIMEOUT", "OUTBOX_LEASE_TTL", "BILLING_UNSAFE", "BILLING_DATA_LAYER", "BILLING_LOG_LEVEL", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER"} {
 		if code != 0 || !strings.Contains(stdout, want) {
 			t.Errorf("--help: exit %d, no %s in %q", code, want, stdout)
 		}

@@ -491,6 +491,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
+	if log.Enabled(ctx, slog.LevelDebug) {
+		tele.debug = log
+	}
 
 	var httpStage, consumerStage, relayStage, chargerStage, kafkaStage []lifecycle.Component
 

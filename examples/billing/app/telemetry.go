@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -27,6 +28,9 @@ import (
 type telemetry struct {
 	tel  *idemotel.Instrumentation // nil: no tracing
 	prom *idemprom.Metrics
+	// debug, when set, logs every consumer event at Debug level (billing
+	// serve with BILLING_LOG_LEVEL=debug): a stalled group's history.
+	debug *slog.Logger
 }
 
 func newTelemetry(tel *idemotel.Instrumentation, m *httpapi.Metrics) (*telemetry, error) {
@@ -48,10 +52,40 @@ func (t *telemetry) request() func(context.Context, idempotency.Event) context.C
 // consumer is a consumer's hook, joined after extra (billing's own
 // counters).
 func (t *telemetry) consumer(extra func(context.Context, kafka.ConsumerEvent) context.Context) func(context.Context, kafka.ConsumerEvent) context.Context {
+	if t.debug != nil {
+		extra = idem.JoinHooks(debugConsumerHook(t.debug), extra)
+	}
 	if t.tel == nil {
 		return idem.JoinHooks(extra, t.prom.ConsumerHook())
 	}
 	return idem.JoinHooks(t.tel.ConsumerHook(), extra, t.prom.ConsumerHook())
+}
+
+// debugConsumerHook logs each consumer event at Debug level.
+func debugConsumerHook(log *slog.Logger) func(context.Context, kafka.ConsumerEvent) context.Context {
+	return func(ctx context.Context, e kafka.ConsumerEvent) context.Context {
+		attrs := []any{"kind", e.Kind, "consumer", e.ConsumerID, "records", e.Records}
+		if e.Message != nil {
+			attrs = append(attrs, "stream", e.Message.Stream, "offset", e.Offset, "event_id", e.EventID, "delivery", e.Delivery)
+		}
+		if e.Attempt > 0 {
+			attrs = append(attrs, "attempt", e.Attempt)
+		}
+		if e.Wait > 0 {
+			attrs = append(attrs, "wait", e.Wait)
+		}
+		if e.Duration > 0 {
+			attrs = append(attrs, "duration", e.Duration)
+		}
+		if e.Stuck {
+			attrs = append(attrs, "stuck", true)
+		}
+		if e.Err != nil {
+			attrs = append(attrs, "err", e.Err)
+		}
+		log.DebugContext(ctx, "consumer event", attrs...)
+		return ctx
+	}
 }
 
 // loops are the relay's and the inbox purger's hooks.
