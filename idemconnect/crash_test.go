@@ -1,14 +1,11 @@
 package idemconnect_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -59,15 +56,15 @@ func TestCrashTakeover(t *testing.T) {
 				t.Fatal(err)
 			}
 			first := startChild(t, db.URL, tt.mode, failpoint.HTTPHandlerDone+"=kill")
-			if a := crashCall(t, first.addr); a.err == nil || connect.CodeOf(a.err) != connect.CodeUnavailable {
+			if a := crashCall(t, first.Addr); a.err == nil || connect.CodeOf(a.err) != connect.CodeUnavailable {
 				t.Fatalf("the armed child answered %s instead of dying", a)
 			}
-			<-first.exited
+			<-first.Exited
 			second := startChild(t, db.URL, tt.mode, "")
 			var got answer
 			deadline := time.Now().Add(30 * time.Second)
 			for {
-				got = crashCall(t, second.addr)
+				got = crashCall(t, second.Addr)
 				if connect.CodeOf(got.err) != connect.CodeAborted {
 					break
 				}
@@ -87,12 +84,12 @@ func TestCrashTakeover(t *testing.T) {
 				t.Fatalf("%d effects, want %d", n, tt.effects)
 			}
 			for range 3 {
-				if again := crashCall(t, second.addr); again.err != nil || !again.replayed || again.id() != got.id() {
+				if again := crashCall(t, second.Addr); again.err != nil || !again.replayed || again.id() != got.id() {
 					t.Fatalf("later retry: %s; want the replay of %s", again, got)
 				}
 			}
-			if c := strings.Count(second.stderr.String(), "event takeover"); (c == 1) != tt.takeover || c > 1 {
-				t.Fatalf("%d takeover events, want takeover=%v\nstderr:\n%s", c, tt.takeover, second.stderr.String())
+			if c := strings.Count(second.Stderr.String(), "event takeover"); (c == 1) != tt.takeover || c > 1 {
+				t.Fatalf("%d takeover events, want takeover=%v\nstderr:\n%s", c, tt.takeover, second.Stderr.String())
 			}
 		})
 	}
@@ -109,46 +106,9 @@ func crashCall(t *testing.T, addr string) answer {
 	return call(ctx, c, "crash-key", map[string]any{"n": 1.0})
 }
 
-type child struct {
-	addr   string
-	stderr *testbin.Buffer
-	exited chan struct{}
-}
-
-func startChild(t *testing.T, dbURL string, mode idempotency.Mode, failpoints string) *child {
+func startChild(t *testing.T, dbURL string, mode idempotency.Mode, failpoints string) *testbin.Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "IDEMCONNECT_CHILD_DB="+dbURL, "IDEMCONNECT_CHILD_MODE="+mode.String(), failpoint.EnvVar+"="+failpoints)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &child{stderr: &testbin.Buffer{}, exited: make(chan struct{})}
-	cmd.Stderr = c.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
-				addr <- a
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-		_ = cmd.Wait()
-		close(c.exited)
-	}()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-c.exited })
-	select {
-	case c.addr = <-addr:
-	case <-c.exited:
-		t.Fatalf("the child exited before listening\nstderr:\n%s", c.stderr.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the child did not listen within 30s\nstderr:\n%s", c.stderr.String())
-	}
-	return c
+	return testbin.StartChild(t, "TestCrashChild", "IDEMCONNECT_CHILD_DB="+dbURL, "IDEMCONNECT_CHILD_MODE="+mode.String(), failpoint.EnvVar+"="+failpoints)
 }
 
 // TestCrashChild is the Connect server of TestCrashTakeover; without

@@ -1,14 +1,12 @@
 package adaptertest
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -69,15 +67,15 @@ func CrashTakeover(t *testing.T) {
 				t.Fatal(err)
 			}
 			first := startCrashChild(t, db.URL, tt.mode, failpoint.HTTPHandlerDone+"=kill")
-			if r, err := crashPost(t.Context(), first.addr); err == nil {
+			if r, err := crashPost(t.Context(), first.Addr); err == nil {
 				t.Fatalf("the armed child answered %+v instead of dying", r)
 			}
-			<-first.exited
+			<-first.Exited
 			second := startCrashChild(t, db.URL, tt.mode, "")
 			var got Reply
 			deadline := time.Now().Add(30 * time.Second)
 			for {
-				r, err := crashPost(t.Context(), second.addr)
+				r, err := crashPost(t.Context(), second.Addr)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -105,13 +103,13 @@ func CrashTakeover(t *testing.T) {
 				t.Fatalf("%d effects, want %d", n, tt.effects)
 			}
 			for range 3 {
-				again, err := crashPost(t.Context(), second.addr)
+				again, err := crashPost(t.Context(), second.Addr)
 				if err != nil || again.Status != got.Status || again.Body != got.Body || !again.Replayed {
 					t.Fatalf("later retry: %+v, %v; want the replay of %q", again, err, got.Body)
 				}
 			}
-			if c := strings.Count(second.stderr.String(), "event takeover"); (c == 1) != tt.takeover || c > 1 {
-				t.Fatalf("%d takeover events, want takeover=%v\nstderr:\n%s", c, tt.takeover, second.stderr.String())
+			if c := strings.Count(second.Stderr.String(), "event takeover"); (c == 1) != tt.takeover || c > 1 {
+				t.Fatalf("%d takeover events, want takeover=%v\nstderr:\n%s", c, tt.takeover, second.Stderr.String())
 			}
 		})
 	}
@@ -162,46 +160,9 @@ func CrashChild(t *testing.T, serve CrashServe) {
 	_ = serve(ln, mw, effect)
 }
 
-type crashChild struct {
-	addr   string
-	stderr *testbin.Buffer
-	exited chan struct{}
-}
-
-func startCrashChild(t *testing.T, dbURL string, mode idempotency.Mode, failpoints string) *crashChild {
+func startCrashChild(t *testing.T, dbURL string, mode idempotency.Mode, failpoints string) *testbin.Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), crashDBEnv+"="+dbURL, crashModeEnv+"="+mode.String(), failpoint.EnvVar+"="+failpoints)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &crashChild{stderr: &testbin.Buffer{}, exited: make(chan struct{})}
-	cmd.Stderr = c.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
-				addr <- a
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-		_ = cmd.Wait()
-		close(c.exited)
-	}()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-c.exited })
-	select {
-	case c.addr = <-addr:
-	case <-c.exited:
-		t.Fatalf("the child exited before listening\nstderr:\n%s", c.stderr.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the child did not listen within 30s\nstderr:\n%s", c.stderr.String())
-	}
-	return c
+	return testbin.StartChild(t, "TestCrashChild", crashDBEnv+"="+dbURL, crashModeEnv+"="+mode.String(), failpoint.EnvVar+"="+failpoints)
 }
 
 func crashPost(ctx context.Context, addr string) (Reply, error) {
