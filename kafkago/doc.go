@@ -83,7 +83,10 @@
 // which the driver reads for that), from the offset the generation started
 // at; it gives up a commit still waiting when the generation ends. What it
 // does not commit, the partition's owner in the next generation delivers
-// again from the committed offset, and the inbox finds it processed.
+// again from the committed offset, and the inbox finds it processed. The
+// log lines it reads are kafka-go v0.4's (the version this module
+// requires); with a kafka-go whose lines it cannot read, the check stands
+// aside and every ack is committed, as the Reader alone would.
 //
 // Dead letters go to DeadLetterTopic (else topic + ".dlq"), with the
 // headers every driver writes (consume.DeadLetter.CopyHeaders). Start
