@@ -419,7 +419,12 @@ func TestClaimCostBoundedByHotAggregate(t *testing.T) {
 	if bound := float64(10 * batch); examined > bound {
 		t.Errorf("claim examined %.0f rows, want at most %.0f (aggregate of %d)", examined, bound, events)
 	}
-	if bound := int64(20 * batch); buffers > bound {
+	// Buffers count each access: reading the whole aggregate would be
+	// over 100,000. The bound leaves room for heap visits an index-only
+	// scan makes when VACUUM could not mark the pages all-visible (other
+	// tests' transactions on the server hold its horizon back: 1,759
+	// buffers alone, 2,006 in a full CI run).
+	if bound := int64(40 * batch); buffers > bound {
 		t.Errorf("claim touched %d buffers, want at most %d (aggregate of %d)", buffers, bound, events)
 	}
 }
